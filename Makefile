@@ -1,0 +1,44 @@
+# Two entry points: `make demo` (the main job on the default model) and `make test`.
+# Both create .venv on first use and install everything they need from PyPI.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint format models bench clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
+	  rm -rf $(VENV); \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing Debian's python3-venv"; \
+	    apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null; \
+	  else echo "error: '$(PYTHON) -m venv' failed; install python3-venv" >&2; exit 1; fi; \
+	  $(PYTHON) -m venv $(VENV); }
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $(STAMP)
+
+models: $(STAMP)
+	$(BIN)/llamacpy models pull smollm2-135m gemma3-270m
+
+demo: $(STAMP)
+	$(BIN)/llamacpy models pull smollm2-135m
+	$(BIN)/llamacpy gguf dump smollm2-135m --no-tensors
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks scripts
+	$(BIN)/ruff format --check src tests benchmarks scripts
+
+format: $(STAMP)
+	$(BIN)/ruff format src tests benchmarks scripts
+	$(BIN)/ruff check --fix src tests benchmarks scripts
+
+test: lint models
+	$(BIN)/python -m pytest -q
+
+bench: models
+	$(BIN)/python benchmarks/bench_gguf_open.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache
