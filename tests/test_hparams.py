@@ -1,0 +1,103 @@
+"""Model-level consistency checks run before inference."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llamacpy.errors import ModelError
+from llamacpy.gguf import GGUFReader
+from llamacpy.hparams import HParams, check_model
+
+
+def _llama(**overrides):
+    md = {
+        "general.architecture": "llama",
+        "llama.context_length": 128,
+        "llama.embedding_length": 64,
+        "llama.block_count": 2,
+        "llama.feed_forward_length": 96,
+        "llama.attention.head_count": 4,
+        "llama.attention.head_count_kv": 2,
+        "llama.attention.layer_norm_rms_epsilon": 1e-5,
+        "tokenizer.ggml.tokens": [f"t{i}" for i in range(100)],
+    }
+    md.update(overrides)
+    return {k: v for k, v in md.items() if v is not None}
+
+
+def _shapes(hp: HParams) -> dict[str, tuple[int, ...]]:
+    return dict(hp.expected_tensors())
+
+
+def test_llama_hparams_and_shapes() -> None:
+    md = _llama()
+    hp = HParams.from_gguf(md)
+    assert (hp.n_embd, hp.n_head, hp.n_head_kv, hp.n_embd_head_k, hp.n_vocab) == (64, 4, 2, 16, 100)
+    shapes = _shapes(hp)
+    assert shapes["blk.1.attn_k.weight"] == (64, 32)
+    assert shapes["token_embd.weight"] == (64, 100)
+    assert check_model(md, shapes) == hp
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"general.architecture": None}, "general.architecture"),
+        ({"general.architecture": "mamba9"}, "unsupported architecture 'mamba9'.*supported: llama"),
+        ({"llama.embedding_length": None}, "'llama.embedding_length' is missing"),
+        ({"llama.attention.head_count": 6}, "not divisible by attention.head_count"),
+        ({"llama.attention.head_count_kv": 3}, "not a multiple of attention.head_count_kv"),
+        ({"llama.block_count": 0}, "'llama.block_count' is 0"),
+        ({"llama.block_count": "2"}, "'llama.block_count' must be an integer"),
+        ({"llama.context_length": 2**40}, "implausibly large"),
+        ({"llama.attention.layer_norm_rms_epsilon": float("nan")}, "invalid value nan"),
+        ({"llama.rope.dimension_count": 17}, "rope.dimension_count"),
+        ({"llama.attention.head_count": np.array([4, 8], dtype=np.int32)}, "per-layer values"),
+    ],
+)
+def test_bad_hyperparameters(overrides, message) -> None:
+    with pytest.raises(ModelError, match=message):
+        HParams.from_gguf(_llama(**overrides))
+
+
+def test_missing_and_misshaped_tensors() -> None:
+    md = _llama()
+    shapes = _shapes(HParams.from_gguf(md))
+    del shapes["blk.1.ffn_down.weight"]
+    with pytest.raises(ModelError, match="'blk.1.ffn_down.weight' is missing"):
+        check_model(md, shapes)
+    shapes = _shapes(HParams.from_gguf(md))
+    shapes["blk.0.attn_q.weight"] = (64, 48)
+    with pytest.raises(
+        ModelError, match=r"'blk.0.attn_q.weight' has shape \(64, 48\), expected \(64, 64\)"
+    ):
+        check_model(md, shapes)
+    shapes = _shapes(HParams.from_gguf(md))
+    shapes["output.weight"] = (64, 99)
+    with pytest.raises(ModelError, match="output.weight"):
+        check_model(md, shapes)
+
+
+def test_vocab_size_disagreeing_with_tokenizer() -> None:
+    md = _llama(**{"llama.vocab_size": 90})
+    with pytest.raises(ModelError, match="vocab_size is 90 but tokenizer.ggml.tokens has 100"):
+        check_model(md, _shapes(HParams.from_gguf(md)))
+
+
+def test_vocab_from_embedding_when_no_tokenizer() -> None:
+    md = _llama(**{"tokenizer.ggml.tokens": None})
+    hp = HParams.from_gguf(md, n_vocab=100)
+    assert check_model(md, _shapes(hp)).n_vocab == 100
+
+
+@pytest.mark.real_model
+def test_real_models_pass(smollm2_path: Path, gemma3_path: Path) -> None:
+    with GGUFReader(smollm2_path) as r:
+        hp = check_model(r.metadata, {t.name: t.shape for t in r.tensors})
+        assert (hp.arch, hp.n_layer, hp.n_embd, hp.n_head, hp.n_head_kv) == ("llama", 30, 576, 9, 3)
+    with GGUFReader(gemma3_path) as r:
+        hp = check_model(r.metadata, {t.name: t.shape for t in r.tensors})
+        assert (hp.arch, hp.n_layer, hp.n_embd_head_k, hp.n_swa) == ("gemma3", 18, 256, 512)
