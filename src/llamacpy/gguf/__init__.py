@@ -9,12 +9,14 @@ from .constants import (
     ggml_type_name,
 )
 from .reader import Field, GGUFReader, TensorInfo
+from .split import GGUFModelFile, merge_gguf, shard_paths, split_gguf
 from .writer import GGUFWriter, copy_to_writer
 
 __all__ = [
     "GGML_BLOCK_SIZES",
     "Field",
     "GGMLType",
+    "GGUFModelFile",
     "GGUFReader",
     "GGUFValueType",
     "GGUFWriter",
@@ -23,4 +25,7 @@ __all__ = [
     "copy_to_writer",
     "file_type_name",
     "ggml_type_name",
+    "merge_gguf",
+    "shard_paths",
+    "split_gguf",
 ]

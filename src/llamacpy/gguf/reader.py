@@ -150,6 +150,8 @@ class GGUFReader:
             raise GGUFError("no such file", path=self.path) from None
         except PermissionError:
             raise GGUFError("permission denied", path=self.path) from None
+        except (OSError, ValueError) as e:  # e.g. a special file that cannot be mapped
+            raise GGUFError(f"cannot read the file: {e}", path=self.path) from None
         self._buf = buf
         self.file_size = size
         self.fields: dict[str, Field] = {}
@@ -422,9 +424,10 @@ class GGUFReader:
         name, pos = self._string(pos, f"name of tensor {i}")
         if not name:
             raise self._err(f"tensor {i} has an empty name", info_pos)
-        if len(name.encode("utf-8", errors="surrogateescape")) >= GGML_MAX_NAME:
+        name_bytes = len(name.encode("utf-8", errors="surrogateescape"))
+        if name_bytes >= GGML_MAX_NAME:
             raise self._err(
-                f"tensor name is too long ({len(name)} >= {GGML_MAX_NAME} bytes)",
+                f"tensor name is too long ({name_bytes} bytes; must be under {GGML_MAX_NAME})",
                 info_pos,
                 tensor=name[:80],
             )
@@ -439,10 +442,14 @@ class GGUFReader:
         n_el = 1
         for d, ne in enumerate(shape):
             if ne <= 0:
-                raise self._err(f"dimension {d} is {ne}; must be positive", pos, tensor=name)
+                raise self._err(
+                    f"dimension {d} is {ne}; must be positive", pos + 8 * d, tensor=name
+                )
             n_el *= ne
             if n_el > INT64_MAX:
-                raise self._err(f"element count of shape {shape} overflows int64", pos, tensor=name)
+                raise self._err(
+                    f"element count of shape {shape} overflows int64", pos + 8 * d, tensor=name
+                )
         pos += 8 * n_dims
         raw_type = self._u32(pos, "tensor type", tensor=name)
         try:

@@ -165,7 +165,15 @@ class GGUFWriter:
     @property
     def alignment(self) -> int:
         f = self.fields.get(KEY_ALIGNMENT)
-        return GGUF_DEFAULT_ALIGNMENT if f is None else int(f.value)
+        if f is None:
+            return GGUF_DEFAULT_ALIGNMENT
+        # the reader rejects anything else, so never write it
+        if f.type != GGUFValueType.UINT32:
+            raise GGUFError(f"must be of type UINT32, not {f.type.name}", key=KEY_ALIGNMENT)
+        align = int(f.value)
+        if align <= 0 or align & (align - 1):
+            raise GGUFError(f"alignment {align} is not a power of two", key=KEY_ALIGNMENT)
+        return align
 
     # ------------------------------------------------------------------ tensors
     def add_tensor(
