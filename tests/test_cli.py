@@ -1,0 +1,53 @@
+"""The `llamacpy` command as a whole: entry points, help, and error conventions."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from llamacpy.cli import SUBCOMMANDS, main
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "llamacpy", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_python_dash_m_and_help() -> None:
+    p = _run("--help")
+    assert p.returncode == 0
+    for name in SUBCOMMANDS:
+        assert name in p.stdout
+    assert _run("--version").stdout.startswith("llamacpy ")
+
+
+def test_no_command_prints_help_and_fails(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    assert "usage: llamacpy" in capsys.readouterr().err
+
+
+def test_unknown_subcommand_is_a_usage_error() -> None:
+    p = _run("frobnicate")
+    assert p.returncode == 2
+    assert "invalid choice" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_library_errors_are_one_line(tmp_path) -> None:
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 16)
+    p = _run("gguf", "dump", str(bad))
+    assert p.returncode == 1
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("llamacpy: error: ")
+    assert "byte offset" in lines[0]
+
+
+def test_unknown_model_name() -> None:
+    p = _run("models", "path", "no-such-model")
+    assert p.returncode == 1
+    assert p.stderr.strip() == (
+        "llamacpy: error: unknown model 'no-such-model'; known models: gemma3-270m, smollm2-135m"
+    )
