@@ -33,7 +33,10 @@ from .constants import (
 from .reader import Field, GGUFReader
 
 TensorSource = np.ndarray | bytes | bytearray | memoryview | Callable[[], Any]
-_NP_TO_VALUE_TYPE = {np.dtype(d).newbyteorder("<"): t for t, d in SCALAR_DTYPES.items()}
+# BOOL is stored as u1 too; uint8 arrays must map to UINT8, only numpy bool to BOOL
+_NP_TO_VALUE_TYPE = {
+    np.dtype(d).newbyteorder("<"): t for t, d in SCALAR_DTYPES.items() if t != GGUFValueType.BOOL
+}
 _NP_TO_VALUE_TYPE[np.dtype(bool)] = GGUFValueType.BOOL
 
 
