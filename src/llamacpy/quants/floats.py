@@ -1,0 +1,170 @@
+"""F32, F16 and BF16: plain floating-point "blocks" of one element.
+
+Conversions are ggml's: fp32 -> fp16 rounds to nearest even and turns every NaN into the quiet
+NaN ``0x7e00`` (sign kept); fp32 -> bf16 rounds to nearest even and forces NaNs quiet
+(``(bits >> 16) | 64``). Widening to float32 is exact.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from llamacpy.gguf.constants import GGMLType
+from llamacpy.quants._helpers import (
+    as_blocks,
+    as_rows,
+    bits_f32,
+    fp16_to_fp32,
+    fp16_to_fp32_np,
+    fp32_to_bf16,
+    fp32_to_bf16_np,
+    fp32_to_fp16,
+    fp32_to_fp16_np,
+    out_shape,
+)
+from llamacpy.quants._registry import QuantFormat, register
+
+F32_BLOCK = np.dtype("<f4")
+F16_BLOCK = np.dtype("<f2")
+BF16_BLOCK = np.dtype([("bits", "<u2")])
+
+
+def _raw(raw, n: int, size: int, name: str) -> np.ndarray:
+    return as_blocks(raw, n, 1, size, name)
+
+
+def _rows(x, name: str) -> np.ndarray:
+    return as_rows(x, 1, name).reshape(-1)
+
+
+def _shape(x, size: int) -> tuple[int, ...]:
+    return out_shape(np.shape(x), 1, size)
+
+
+# ----------------------------------------------------------------------------- F32
+
+
+def dequantize_f32(raw, n: int) -> np.ndarray:
+    """F32 bytes -> float32 (a copy; nothing to compute, so no numba kernel)."""
+    return _raw(raw, n, 4, "F32").view(np.float32).copy()
+
+
+def quantize_f32(x, imatrix=None) -> np.ndarray:
+    """float array -> F32 bytes."""
+    return np.array(_rows(x, "F32")).view(np.uint8).reshape(_shape(x, 4))
+
+
+# ----------------------------------------------------------------------------- F16
+
+
+@njit(cache=True, parallel=True)
+def _f16_dequantize_kernel(raw, n):
+    h = raw.view(np.uint16)
+    y = np.empty(n, dtype=np.float32)
+    for i in prange(n):
+        y[i] = fp16_to_fp32(h[i])
+    return y
+
+
+@njit(cache=True, parallel=True)
+def _f16_quantize_kernel(x):
+    out = np.empty(x.size, dtype=np.uint16)
+    for i in prange(x.size):
+        out[i] = fp32_to_fp16(x[i])
+    return out
+
+
+def dequantize_f16(raw, n: int) -> np.ndarray:
+    """F16 bytes -> float32 (numba)."""
+    return _f16_dequantize_kernel(_raw(raw, n, 2, "F16"), int(n))
+
+
+def dequantize_f16_numpy(raw, n: int) -> np.ndarray:
+    """numpy twin of :func:`dequantize_f16`."""
+    return fp16_to_fp32_np(_raw(raw, n, 2, "F16"))
+
+
+def quantize_f16(x, imatrix=None) -> np.ndarray:
+    """float array -> F16 bytes, as ggml's ``ggml_fp32_to_fp16_row`` (numba)."""
+    return _f16_quantize_kernel(_rows(x, "F16")).view(np.uint8).reshape(_shape(x, 2))
+
+
+def quantize_f16_numpy(x, imatrix=None) -> np.ndarray:
+    """numpy twin of :func:`quantize_f16`."""
+    return fp32_to_fp16_np(_rows(x, "F16")).view(np.uint8).reshape(_shape(x, 2))
+
+
+# ----------------------------------------------------------------------------- BF16
+
+
+@njit(cache=True, parallel=True)
+def _bf16_dequantize_kernel(raw, n):
+    h = raw.view(np.uint16)
+    y = np.empty(n, dtype=np.float32)
+    for i in prange(n):
+        y[i] = bits_f32(np.uint32(h[i]) << 16)
+    return y
+
+
+@njit(cache=True, parallel=True)
+def _bf16_quantize_kernel(x):
+    out = np.empty(x.size, dtype=np.uint16)
+    for i in prange(x.size):
+        out[i] = fp32_to_bf16(x[i])
+    return out
+
+
+def dequantize_bf16(raw, n: int) -> np.ndarray:
+    """BF16 bytes -> float32 (numba)."""
+    return _bf16_dequantize_kernel(_raw(raw, n, 2, "BF16"), int(n))
+
+
+def dequantize_bf16_numpy(raw, n: int) -> np.ndarray:
+    """numpy twin of :func:`dequantize_bf16`."""
+    return (_raw(raw, n, 2, "BF16").view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def quantize_bf16(x, imatrix=None) -> np.ndarray:
+    """float array -> BF16 bytes, as ggml's ``ggml_fp32_to_bf16_row_ref`` (numba)."""
+    return _bf16_quantize_kernel(_rows(x, "BF16")).view(np.uint8).reshape(_shape(x, 2))
+
+
+def quantize_bf16_numpy(x, imatrix=None) -> np.ndarray:
+    """numpy twin of :func:`quantize_bf16`."""
+    return fp32_to_bf16_np(_rows(x, "BF16")).view(np.uint8).reshape(_shape(x, 2))
+
+
+F32_FORMAT = register(
+    QuantFormat(
+        GGMLType.F32,
+        F32_BLOCK,
+        dequantize_f32,
+        dequantize_f32,
+        quantize_f32,
+        quantize_f32,
+        GGMLType.F32,
+    )
+)
+F16_FORMAT = register(
+    QuantFormat(
+        GGMLType.F16,
+        F16_BLOCK,
+        dequantize_f16,
+        dequantize_f16_numpy,
+        quantize_f16,
+        quantize_f16_numpy,
+        GGMLType.F16,
+    )
+)
+BF16_FORMAT = register(
+    QuantFormat(
+        GGMLType.BF16,
+        BF16_BLOCK,
+        dequantize_bf16,
+        dequantize_bf16_numpy,
+        quantize_bf16,
+        quantize_bf16_numpy,
+        GGMLType.BF16,
+    )
+)

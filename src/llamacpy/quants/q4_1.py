@@ -1,0 +1,167 @@
+"""Q4_1: blocks of 32 weights, fp16 scale ``d`` and min ``m``, 4-bit quants: ``x = d*q + m``.
+
+Byte ``j`` of ``qs`` holds element ``j`` in its low nibble and element ``j+16`` in its high one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from llamacpy.gguf.constants import GGML_BLOCK_SIZES, GGMLType
+from llamacpy.quants._helpers import (
+    F0,
+    F1,
+    F32,
+    blocks_np,
+    f2i,
+    f2i_np,
+    fp16_to_fp32_np,
+    fp32_to_fp16_np,
+    int8,
+    int8_np,
+    load_f16,
+    run_dequantize,
+    run_quantize,
+    run_quantize_np,
+    store_f16,
+)
+from llamacpy.quants._registry import QuantFormat, register
+from llamacpy.quants._search import make_qkx_quants
+from llamacpy.quants._search_np import make_qkx_quants_np, minmax_np, seqsum
+
+TYPE = GGMLType.Q4_1
+QK, TYPE_SIZE = GGML_BLOCK_SIZES[TYPE]
+BLOCK = np.dtype([("d", "<f2"), ("m", "<f2"), ("qs", "u1", (QK // 2,))])
+assert BLOCK.itemsize == TYPE_SIZE
+
+_FLT_MAX = F32(np.finfo(np.float32).max)
+_15 = F32(15.0)
+_HALF = F32(0.5)
+_RMIN = F32(-0.9)
+_RDELTA = F32(0.05)
+
+
+@njit(cache=True, parallel=True)
+def _dequantize_kernel(raw, n):
+    y = np.empty(n, dtype=np.float32)
+    for i in prange(n // QK):
+        o = i * TYPE_SIZE
+        d = load_f16(raw, o)
+        m = load_f16(raw, o + 2)
+        for j in range(QK // 2):
+            q = np.int64(raw[o + 4 + j])
+            y[i * QK + j] = F32(q & 0xF) * d + m
+            y[i * QK + j + QK // 2] = F32(q >> 4) * d + m
+    return y
+
+
+def dequantize(raw, n: int) -> np.ndarray:
+    """The first ``n`` elements stored in ``raw`` (Q4_1 blocks) as float32 (numba)."""
+    return run_dequantize(_dequantize_kernel, raw, n, QK, TYPE_SIZE, TYPE.name)
+
+
+def dequantize_numpy(raw, n: int) -> np.ndarray:
+    """Vectorized numpy twin of :func:`dequantize`."""
+    b = blocks_np(raw, n, QK, BLOCK, TYPE.name)
+    q = np.concatenate([b["qs"] & 0xF, b["qs"] >> 4], axis=1).astype(np.float32)
+    d = fp16_to_fp32_np(b["d"])[:, None]
+    return (q * d + fp16_to_fp32_np(b["m"])[:, None]).reshape(-1)
+
+
+# ----------------------------------------------------------------------------- quantize
+
+
+@njit(cache=True)
+def _ref_block(x, out, o):
+    """``quantize_row_q4_1_ref`` for one block."""
+    mn = _FLT_MAX
+    mx = -_FLT_MAX
+    for j in range(QK):
+        if x[j] < mn:
+            mn = x[j]
+        if x[j] > mx:
+            mx = x[j]
+    d = (mx - mn) / _15
+    inv = F1 / d if d != F0 else F0
+    store_f16(out, o, d)
+    store_f16(out, o + 2, mn)
+    for j in range(QK // 2):
+        q0 = min(15, int8(f2i((x[j] - mn) * inv + _HALF)))
+        q1 = min(15, int8(f2i((x[j + QK // 2] - mn) * inv + _HALF)))
+        out[o + 4 + j] = q0 | (q1 << 4)
+
+
+@njit(cache=True, parallel=True)
+def _quantize_ref_kernel(x, out):
+    for i in prange(x.size // QK):
+        _ref_block(x[i * QK : (i + 1) * QK], out, i * TYPE_SIZE)
+
+
+@njit(cache=True, parallel=True)
+def _quantize_impl_kernel(rows, qw, rows_per_qw, out):
+    """``quantize_row_q4_1_impl``: weights ``qw * sqrt(sigma2 + x*x)``, ``make_qkx3_quants``."""
+    nrows, n_per_row = rows.shape
+    for r in prange(nrows):
+        x = rows[r]
+        w = qw[r // rows_per_qw]
+        sum_x2 = F0
+        for j in range(n_per_row):
+            sum_x2 += x[j] * x[j]
+        sigma2 = sum_x2 / F32(n_per_row)
+        weight = np.empty(QK, dtype=np.float32)
+        L = np.empty(QK, dtype=np.uint8)
+        Laux = np.empty(QK, dtype=np.uint8)
+        for ib in range(n_per_row // QK):
+            xb = x[ib * QK : (ib + 1) * QK]
+            for j in range(QK):
+                weight[j] = w[ib * QK + j] * np.sqrt(sigma2 + xb[j] * xb[j])
+            d, the_min = make_qkx_quants(QK, 15, xb, weight, L, Laux, _RMIN, _RDELTA, 36, False)
+            o = ib * TYPE_SIZE
+            store_f16(out[r], o, d)
+            store_f16(out[r], o + 2, -the_min)
+            for j in range(QK // 2):
+                out[r, o + 4 + j] = L[j] | (L[j + QK // 2] << 4)
+
+
+def quantize(x, imatrix=None) -> np.ndarray:
+    """Quantize rows (last axis) to Q4_1 bytes, as llama.cpp's ``quantize_q4_1`` (numba)."""
+    return run_quantize(
+        _quantize_ref_kernel, _quantize_impl_kernel, x, imatrix, QK, TYPE_SIZE, TYPE.name
+    )
+
+
+def _pack(d: np.ndarray, m: np.ndarray, L: np.ndarray) -> np.ndarray:
+    out = np.zeros(d.shape[0], dtype=BLOCK)
+    out["d"] = fp32_to_fp16_np(d).view(np.float16)
+    out["m"] = fp32_to_fp16_np(m).view(np.float16)
+    out["qs"] = L[:, : QK // 2] | (L[:, QK // 2 :] << 4)
+    return out.view(np.uint8).reshape(-1, TYPE_SIZE)
+
+
+def _ref_np(blocks: np.ndarray) -> np.ndarray:
+    mn, mx = minmax_np(blocks)
+    d = (mx - mn) / _15
+    with np.errstate(divide="ignore"):
+        inv = np.where(d != F0, F1 / d, F0)
+    with np.errstate(invalid="ignore"):
+        L = np.minimum(15, int8_np(f2i_np((blocks - mn[:, None]) * inv[:, None] + _HALF)))
+    return _pack(d, mn, L)
+
+
+def _impl_np(rows: np.ndarray, qw: np.ndarray) -> np.ndarray:
+    sigma2 = seqsum(rows * rows) / F32(rows.shape[1])
+    weight = qw * np.sqrt(sigma2[:, None] + rows * rows)
+    xb, wb = rows.reshape(-1, QK), weight.reshape(-1, QK)
+    d, the_min, L = make_qkx_quants_np(15, xb, wb, _RMIN, _RDELTA, 36, False)
+    return _pack(d, -the_min, L).reshape(rows.shape[0], -1)
+
+
+def quantize_numpy(x, imatrix=None) -> np.ndarray:
+    """Vectorized numpy twin of :func:`quantize`."""
+    return run_quantize_np(_ref_np, _impl_np, x, imatrix, QK, TYPE_SIZE, TYPE.name)
+
+
+FORMAT = register(
+    QuantFormat(TYPE, BLOCK, dequantize, dequantize_numpy, quantize, quantize_numpy, GGMLType.Q8_1)
+)

@@ -1,0 +1,198 @@
+"""Q5_0: blocks of 32 weights, fp16 scale ``d``, 5-bit quants ``q`` with ``x = d*(q-16)``.
+
+``qs`` holds the low 4 bits as in Q4_0; bit ``j`` of the little-endian uint32 ``qh`` is the
+fifth bit of element ``j``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from llamacpy.gguf.constants import GGML_BLOCK_SIZES, GGMLType
+from llamacpy.quants._helpers import (
+    F0,
+    F1,
+    F32,
+    blocks_np,
+    f2i,
+    f2i_np,
+    fp16_to_fp32_np,
+    fp32_to_fp16_np,
+    int8,
+    int8_np,
+    load_f16,
+    run_dequantize,
+    run_quantize,
+    run_quantize_np,
+    store_f16,
+)
+from llamacpy.quants._registry import QuantFormat, register
+from llamacpy.quants._search import make_qx_quants
+from llamacpy.quants._search_np import absmax_np, make_qx_quants_np, seqsum
+
+TYPE = GGMLType.Q5_0
+QK, TYPE_SIZE = GGML_BLOCK_SIZES[TYPE]
+BLOCK = np.dtype([("d", "<f2"), ("qh", "<u4"), ("qs", "u1", (QK // 2,))])
+assert BLOCK.itemsize == TYPE_SIZE
+
+_NEG16 = F32(-16.0)
+_16_5 = F32(16.5)
+
+
+@njit(cache=True)
+def load_qh(raw, o):
+    """The little-endian uint32 at byte ``o``."""
+    return (
+        np.int64(raw[o])
+        | (np.int64(raw[o + 1]) << 8)
+        | (np.int64(raw[o + 2]) << 16)
+        | (np.int64(raw[o + 3]) << 24)
+    )
+
+
+@njit(cache=True)
+def pack_5bit(L, out, o_qh, o_qs):
+    """Store 32 five-bit values ``L``: low nibbles at ``out[o_qs:]``, fifth bits in ``qh``."""
+    qh = 0
+    for j in range(QK // 2):
+        q0 = np.int64(L[j])
+        q1 = np.int64(L[j + QK // 2])
+        out[o_qs + j] = (q0 & 0x0F) | ((q1 & 0x0F) << 4)
+        qh |= ((q0 & 0x10) >> 4) << j
+        qh |= ((q1 & 0x10) >> 4) << (j + QK // 2)
+    for k in range(4):
+        out[o_qh + k] = (qh >> (8 * k)) & 0xFF
+
+
+def unpack_5bit_np(b: np.ndarray) -> np.ndarray:
+    """(nb, 32) five-bit values from structured blocks with ``qh`` and ``qs`` fields."""
+    low = np.concatenate([b["qs"] & 0xF, b["qs"] >> 4], axis=1).astype(np.int64)
+    high = (b["qh"][:, None].astype(np.int64) >> np.arange(QK)) & 1
+    return low | (high << 4)
+
+
+def pack_5bit_np(L: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(qh, qs) fields for (nb, 32) five-bit values."""
+    qs = (L[:, : QK // 2] & 0xF) | ((L[:, QK // 2 :] & 0xF) << 4)
+    qh = (((L >> 4) & 1) << np.arange(QK)).sum(axis=1)
+    return qh.astype(np.uint32), qs.astype(np.uint8)
+
+
+@njit(cache=True, parallel=True)
+def _dequantize_kernel(raw, n):
+    y = np.empty(n, dtype=np.float32)
+    for i in prange(n // QK):
+        o = i * TYPE_SIZE
+        d = load_f16(raw, o)
+        qh = load_qh(raw, o + 2)
+        for j in range(QK // 2):
+            q = np.int64(raw[o + 6 + j])
+            q0 = ((q & 0x0F) | (((qh >> j) << 4) & 0x10)) - 16
+            q1 = ((q >> 4) | ((qh >> (j + 12)) & 0x10)) - 16
+            y[i * QK + j] = F32(q0) * d
+            y[i * QK + j + QK // 2] = F32(q1) * d
+    return y
+
+
+def dequantize(raw, n: int) -> np.ndarray:
+    """The first ``n`` elements stored in ``raw`` (Q5_0 blocks) as float32 (numba)."""
+    return run_dequantize(_dequantize_kernel, raw, n, QK, TYPE_SIZE, TYPE.name)
+
+
+def dequantize_numpy(raw, n: int) -> np.ndarray:
+    """Vectorized numpy twin of :func:`dequantize`."""
+    b = blocks_np(raw, n, QK, BLOCK, TYPE.name)
+    q = (unpack_5bit_np(b) - 16).astype(np.float32)
+    return (q * fp16_to_fp32_np(b["d"])[:, None]).reshape(-1)
+
+
+# ----------------------------------------------------------------------------- quantize
+
+
+@njit(cache=True)
+def _ref_block(x, out, o):
+    """``quantize_row_q5_0_ref`` for one block."""
+    amax = F0
+    mx = F0
+    for j in range(QK):
+        if amax < abs(x[j]):
+            amax = abs(x[j])
+            mx = x[j]
+    d = mx / _NEG16
+    inv = F1 / d if d != F0 else F0
+    store_f16(out, o, d)
+    L = np.empty(QK, dtype=np.int64)
+    for j in range(QK):
+        L[j] = min(31, int8(f2i(x[j] * inv + _16_5)))
+    pack_5bit(L, out, o + 2, o + 6)
+
+
+@njit(cache=True, parallel=True)
+def _quantize_ref_kernel(x, out):
+    for i in prange(x.size // QK):
+        _ref_block(x[i * QK : (i + 1) * QK], out, i * TYPE_SIZE)
+
+
+@njit(cache=True, parallel=True)
+def _quantize_impl_kernel(rows, qw, rows_per_qw, out):
+    """``quantize_row_q5_0_impl``: weights ``qw * sqrt(sigma2 + x*x)``, ``make_qx_quants``."""
+    nrows, n_per_row = rows.shape
+    for r in prange(nrows):
+        x = rows[r]
+        w = qw[r // rows_per_qw]
+        sum_x2 = F0
+        for j in range(n_per_row):
+            sum_x2 += x[j] * x[j]
+        sigma2 = sum_x2 / F32(n_per_row)
+        weight = np.empty(QK, dtype=np.float32)
+        L = np.empty(QK, dtype=np.int8)
+        for ib in range(n_per_row // QK):
+            xb = x[ib * QK : (ib + 1) * QK]
+            for j in range(QK):
+                weight[j] = w[ib * QK + j] * np.sqrt(sigma2 + xb[j] * xb[j])
+            d = make_qx_quants(QK, 16, xb, L, weight)
+            o = ib * TYPE_SIZE
+            store_f16(out[r], o, d)
+            pack_5bit(L, out[r], o + 2, o + 6)
+
+
+def quantize(x, imatrix=None) -> np.ndarray:
+    """Quantize rows (last axis) to Q5_0 bytes, as llama.cpp's ``quantize_q5_0`` (numba)."""
+    return run_quantize(
+        _quantize_ref_kernel, _quantize_impl_kernel, x, imatrix, QK, TYPE_SIZE, TYPE.name
+    )
+
+
+def _pack(d: np.ndarray, L: np.ndarray) -> np.ndarray:
+    out = np.zeros(d.shape[0], dtype=BLOCK)
+    out["d"] = fp32_to_fp16_np(d).view(np.float16)
+    out["qh"], out["qs"] = pack_5bit_np(L)
+    return out.view(np.uint8).reshape(-1, TYPE_SIZE)
+
+
+def _ref_np(blocks: np.ndarray) -> np.ndarray:
+    _, mx = absmax_np(blocks)
+    d = mx / _NEG16
+    with np.errstate(divide="ignore"):
+        inv = np.where(d != F0, F1 / d, F0)
+    with np.errstate(invalid="ignore"):
+        L = np.minimum(31, int8_np(f2i_np(blocks * inv[:, None] + _16_5)))
+    return _pack(d, L)
+
+
+def _impl_np(rows: np.ndarray, qw: np.ndarray) -> np.ndarray:
+    sigma2 = seqsum(rows * rows) / F32(rows.shape[1])
+    weight = qw * np.sqrt(sigma2[:, None] + rows * rows)
+    d, L = make_qx_quants_np(16, rows.reshape(-1, QK), weight.reshape(-1, QK))
+    return _pack(d, L).reshape(rows.shape[0], -1)
+
+
+def quantize_numpy(x, imatrix=None) -> np.ndarray:
+    """Vectorized numpy twin of :func:`quantize`."""
+    return run_quantize_np(_ref_np, _impl_np, x, imatrix, QK, TYPE_SIZE, TYPE.name)
+
+
+FORMAT = register(
+    QuantFormat(TYPE, BLOCK, dequantize, dequantize_numpy, quantize, quantize_numpy, GGMLType.Q8_0)
+)
