@@ -16,7 +16,7 @@ from .. import __version__
 from ..errors import LlamacpyError
 
 # subcommand modules, in help order
-SUBCOMMANDS = ["gguf", "models"]
+SUBCOMMANDS = ["gguf", "models", "quantize"]
 
 
 class _Parser(argparse.ArgumentParser):
