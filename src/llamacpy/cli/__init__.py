@@ -16,7 +16,7 @@ from .. import __version__
 from ..errors import LlamacpyError
 
 # subcommand modules, in help order
-SUBCOMMANDS = ["gguf", "models", "quantize"]
+SUBCOMMANDS = ["gguf", "models", "quantize", "tokenize"]
 
 
 class _Parser(argparse.ArgumentParser):
