@@ -37,8 +37,13 @@ format: $(STAMP)
 test: lint models
 	$(BIN)/python -m pytest -q
 
+# side-by-side benchmarks; the llama.cpp comparisons need a llama.cpp build (see each script's --help)
 bench: models
 	$(BIN)/python benchmarks/bench_gguf_open.py
+	$(BIN)/python benchmarks/bench_tokenize.py
+	$(BIN)/python benchmarks/bench_quants.py
+	$(BIN)/python benchmarks/bench_quantize.py
+	$(BIN)/python benchmarks/bench_sampling.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
