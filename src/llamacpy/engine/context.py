@@ -1,0 +1,162 @@
+"""A model plus a KV cache and scratch buffers: ``Context.decode(batch)`` -> logits.
+
+>>> ctx = Context("model.gguf", ContextParams(n_ctx=2048))        # doctest: +SKIP
+>>> logits = ctx.decode(Batch.from_tokens([1, 2, 3]))              # doctest: +SKIP
+
+``decode`` checks the batch, splits it into ubatches, places each ubatch's tokens in cache
+cells, builds the attention mask and runs the model's compiled forward pass; it returns the
+logits of the tokens that asked for them, in batch order. On an error nothing is decoded
+(a cache-full error in a later ubatch leaves the earlier ubatches' tokens in the cache, as
+llama.cpp does).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numba
+import numpy as np
+
+from ..errors import UsageError
+from ..models import load_model
+from ..models.common import UBatchArrays
+from .batch import Batch, UBatch, check_batch, split_batch
+from .kv_cache import KVCache
+from .params import ContextParams, physical_cores, setup_threads
+
+MODE_ROWS, MODE_TILED, MODE_SPLIT = 0, 1, 2
+_TILED_MIN_TOKENS = 64  # ggml's flash-attention Q tile: ubatches this large use the tiled path
+_SPLIT_MIN_KV = 512  # ... and single-token decodes over this many cells split the cache
+
+
+class Context:
+    """An inference context (see the module docstring)."""
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str] | None = None,
+        params: ContextParams | None = None,
+        *,
+        model=None,
+    ) -> None:
+        self.params = params = params or ContextParams()
+        params.check()
+        t0 = time.perf_counter()
+        auto = physical_cores()
+        self.n_threads = setup_threads(params.threading_layer, params.n_threads or auto)
+        self.n_threads_batch = setup_threads(
+            params.threading_layer, params.n_threads_batch or params.n_threads or auto
+        )
+        if model is None:
+            if model_path is None:
+                raise UsageError("Context needs a model path or a loaded model")
+            model = load_model(model_path, use_mmap=params.use_mmap, rope=params.rope)
+        if params.kernel_formats == "all":
+            model.use_all_kernels()
+        self.model = model
+        hp = model.hparams
+        self.n_ctx = params.n_ctx or hp.n_ctx_train
+        self.n_batch = min(params.n_batch, self.n_ctx)
+        self.n_ubatch = min(params.n_ubatch, self.n_batch)
+        self.kv = KVCache(
+            hp.n_layer,
+            hp.n_head_kv,
+            hp.n_embd_head_k,
+            self.n_ctx,
+            params.type_k,
+            params.type_v,
+            params.n_seq_max,
+        )
+        if params.use_mlock:
+            model.store.mlock()
+        self.ws = model.workspace(self.n_ubatch, max(self.n_threads, self.n_threads_batch))
+        self._lock = threading.Lock()
+        self._nth: tuple[int, int] = (0, 0)
+        kv = self.kv
+        # the compiled forward reads the caches flat (views, no copies)
+        info = np.array([kv.type_k, kv.type_v, kv.row_bytes, kv.n_ctx], np.int64)
+        self._kv_arrays = (kv.k.reshape(-1), kv.v.reshape(-1), info)
+        self.load_time = time.perf_counter() - t0
+
+    # ------------------------------------------------------------------ info
+    @property
+    def n_vocab(self) -> int:
+        return self.model.hparams.n_vocab
+
+    @property
+    def n_seq_max(self) -> int:
+        return self.params.n_seq_max
+
+    def memory_report(self) -> dict[str, int]:
+        """Bytes held by the weights (repacked), the KV cache and the scratch buffers."""
+        ws = self.ws
+        scratch = sum(a.nbytes for a in vars(ws).values() if isinstance(a, np.ndarray))
+        scratch += sum(a.nbytes for t in (ws.acts, ws.acts_private, ws.thread) for a in t)
+        return {"weights": self.model.store.nbytes, "kv_cache": self.kv.nbytes, "scratch": scratch}
+
+    # ------------------------------------------------------------------ decoding
+    def decode(self, batch: Batch) -> np.ndarray:
+        """Decode a batch; returns float32 logits ``[n_outputs, n_vocab]``."""
+        with self._lock:
+            kv = self.kv
+            check_batch(
+                batch,
+                n_vocab=self.n_vocab,
+                n_batch=self.n_batch,
+                n_ctx=self.n_ctx,
+                n_seq_max=self.n_seq_max,
+                seq_pos_max=kv.seq_pos_max,
+            )
+            kv.apply_shift(self.model.rope, self.model.freqs_arr)
+            ubs = split_batch(batch, self.n_ubatch)
+            if len(ubs) == 1:
+                return self._forward(ubs[0]).copy()
+            out = np.empty((batch.n_outputs, self.n_vocab), np.float32)
+            row = 0
+            for ub in ubs:
+                logits = self._forward(ub)
+                out[row : row + len(logits)] = logits
+                row += len(logits)
+            return out
+
+    def _forward(self, ub: UBatch) -> np.ndarray:
+        kv = self.kv
+        cells = kv.place(ub)
+        n_kv = kv.n_kv()
+        mask = kv.mask(ub, n_kv)
+        n = len(ub)
+        same = kv.type_k == kv.type_v and kv.type_k in (0, 1)
+        if n >= _TILED_MIN_TOKENS and same:
+            mode = MODE_TILED
+        elif n == 1 and n_kv >= _SPLIT_MIN_KV and same:
+            mode = MODE_SPLIT
+        else:
+            mode = MODE_ROWS
+        nth = self.n_threads if n == 1 else self.n_threads_batch
+        key = (threading.get_ident(), nth)  # numba's thread count is per calling thread
+        if key != self._nth:
+            numba.set_num_threads(nth)
+            self._nth = key
+        arrays = UBatchArrays(ub.token, ub.pos, cells, mask, n_kv, ub.out_idx)
+        return self.model.forward(self.ws, arrays, self._kv_arrays, mode, nth)
+
+    # ------------------------------------------------------------------ memory (KV) ops
+    def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
+        return self.kv.seq_rm(seq_id, p0, p1)
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        self.kv.seq_cp(src, dst, p0, p1)
+
+    def seq_keep(self, seq_id: int) -> None:
+        self.kv.seq_keep(seq_id)
+
+    def seq_add(self, seq_id: int, p0: int, p1: int, delta: int) -> None:
+        self.kv.seq_add(seq_id, p0, p1, delta)
+
+    def seq_div(self, seq_id: int, p0: int, p1: int, d: int) -> None:
+        self.kv.seq_div(seq_id, p0, p1, d)
+
+    def clear(self) -> None:
+        self.kv.clear()

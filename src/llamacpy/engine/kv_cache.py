@@ -1,0 +1,325 @@
+"""The KV cache: ``n_ctx`` cells, each holding one token's keys and values for every layer and
+KV head, a position, and the set of sequences it belongs to (llama.cpp's unified cache).
+
+Sequence operations change only cell metadata (``seq_cp`` shares cells instead of copying
+data), except ``seq_add``/``seq_div``, whose position changes are applied to the stored keys
+by re-roping them before the next decode (llama.cpp's K-shift). Storage is
+``[n_layer, n_head_kv, n_ctx, row_bytes]`` per K and V in the cache type (F16 by default,
+F32 or Q8_0), allocated zeroed (pages are only backed once used).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import LlamacpyError, UsageError
+from ..models.common import lazy_zeros
+from ..ops.attention import KV_F16, KV_F32, KV_Q8_0, kv_row_bytes, rope_shift_rows
+from .batch import UBatch
+
+CACHE_TYPES = {"f32": KV_F32, "f16": KV_F16, "q8_0": KV_Q8_0}
+N_KV_PAD = 256  # ggml pads the attended range to a multiple of 256 cells
+
+
+class KVCacheFullError(LlamacpyError):
+    """No free cells are left for the tokens of a ubatch."""
+
+
+def cache_type(name: str) -> int:
+    try:
+        return CACHE_TYPES[name.lower()]
+    except KeyError:
+        raise UsageError(
+            f"unknown KV cache type {name!r}; supported: {', '.join(CACHE_TYPES)}"
+        ) from None
+
+
+class KVCache:
+    """Cells with positions and sequence sets, plus the K/V storage of every layer."""
+
+    def __init__(
+        self,
+        n_layer: int,
+        n_head_kv: int,
+        head_dim: int,
+        n_ctx: int,
+        type_k: str = "f16",
+        type_v: str = "f16",
+        n_seq_max: int = 1,
+    ) -> None:
+        self.type_k, self.type_v = cache_type(type_k), cache_type(type_v)
+        for t in (self.type_k, self.type_v):
+            if t == KV_Q8_0 and head_dim % 32:
+                raise UsageError(
+                    f"a Q8_0 KV cache needs a head size multiple of 32, not {head_dim}"
+                )
+        self.n_ctx, self.n_seq_max, self.head_dim = n_ctx, n_seq_max, head_dim
+        rb = max(kv_row_bytes(self.type_k, head_dim), kv_row_bytes(self.type_v, head_dim))
+        self.row_bytes = rb
+        self.k = lazy_zeros((n_layer, n_head_kv, n_ctx, rb), np.uint8)
+        self.v = lazy_zeros((n_layer, n_head_kv, n_ctx, rb), np.uint8)
+        self.pos = np.full(n_ctx, -1, np.int32)
+        self.seq = np.zeros((n_ctx, (n_seq_max + 63) // 64), np.uint64)
+        self.shift = np.zeros(n_ctx, np.int32)
+        self.has_shift = False
+        self.head = 0
+        self._top = 0  # 1 + highest used cell
+        self._pmax: dict[int, int] = {}  # seq -> last position (memo, reset by seq ops)
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+    def _has(self, seq_id: int) -> np.ndarray:
+        w, b = divmod(seq_id, 64)
+        return ((self.seq[:, w] >> np.uint64(b)) & np.uint64(1)).astype(bool)
+
+    def _cells(self, seq_id: int, p0: int, p1: int) -> np.ndarray:
+        p0 = 0 if p0 < 0 else p0
+        p1 = np.iinfo(np.int32).max if p1 < 0 else p1
+        sel = (self.pos >= 0) & (self.pos >= p0) & (self.pos < p1)
+        if seq_id >= 0:
+            self._check_seq(seq_id)
+            sel &= self._has(seq_id)
+        return sel
+
+    def _check_seq(self, seq_id: int) -> None:
+        if not 0 <= seq_id < self.n_seq_max:
+            raise UsageError(f"seq_id {seq_id} is out of range (0..{self.n_seq_max - 1})")
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        """Largest position of the sequence in the cache, -1 when it has none."""
+        p = self._pmax.get(seq_id)
+        if p is None:
+            top = self._top
+            sel = (self.pos[:top] >= 0) & self._has(seq_id)[:top]
+            p = self._pmax[seq_id] = int(self.pos[:top][sel].max()) if sel.any() else -1
+        return p
+
+    def seq_pos_min(self, seq_id: int) -> int:
+        sel = (self.pos >= 0) & self._has(seq_id)
+        return int(self.pos[sel].min()) if sel.any() else -1
+
+    def seq_pos_max_all(self) -> dict[int, int]:
+        """seq_id -> last position, for every sequence present."""
+        out = {}
+        used = self.pos >= 0
+        for s in range(self.n_seq_max):
+            sel = used & self._has(s)
+            if sel.any():
+                out[s] = int(self.pos[sel].max())
+        return out
+
+    @property
+    def n_used(self) -> int:
+        return int((self.pos >= 0).sum())
+
+    def n_kv(self) -> int:
+        """Cells the attention looks at: the used range padded to 256, as ggml."""
+        return min(self.n_ctx, max(N_KV_PAD, -(-self._top // N_KV_PAD) * N_KV_PAD))
+
+    def _changed(self) -> None:
+        """Cell metadata changed outside :meth:`place`: drop memos."""
+        self._pmax.clear()
+        used = np.nonzero(self.pos >= 0)[0]
+        self._top = int(used[-1]) + 1 if used.size else 0
+
+    # ------------------------------------------------------------------ sequence ops
+    def clear(self) -> None:
+        self.pos[:] = -1
+        self.seq[:] = 0
+        self.shift[:] = 0
+        self.has_shift = False
+        self.head = 0
+        self._changed()
+
+    def _free(self, sel: np.ndarray) -> None:
+        self.pos[sel] = -1
+        self.seq[sel] = 0
+        self.shift[sel] = 0
+
+    def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
+        """Remove ``seq_id`` (all sequences when < 0) from the cells with ``p0 <= pos < p1``
+        (negative bounds: open); cells left without a sequence become free."""
+        sel = self._cells(seq_id, p0, p1)
+        if seq_id < 0:
+            self._free(sel)
+        else:
+            w, b = divmod(seq_id, 64)
+            self.seq[sel, w] &= ~np.uint64(1 << b)
+            self._free(sel & ~self.seq.any(axis=1))
+        self._changed()
+        return True
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        """Make ``dst`` share the cells of ``src`` in ``[p0, p1)`` (no data is copied)."""
+        self._check_seq(dst)
+        if src == dst:
+            return
+        sel = self._cells(src, p0, p1)
+        w, b = divmod(dst, 64)
+        self.seq[sel, w] |= np.uint64(1 << b)
+        self._changed()
+
+    def seq_keep(self, seq_id: int) -> None:
+        """Drop every other sequence; cells not in ``seq_id`` become free."""
+        self._check_seq(seq_id)
+        keep = self._has(seq_id) & (self.pos >= 0)
+        self._free(~keep)
+        w, b = divmod(seq_id, 64)
+        self.seq[keep] = 0
+        self.seq[keep, w] = np.uint64(1 << b)
+        self._changed()
+
+    def seq_add(self, seq_id: int, p0: int, p1: int, delta: int) -> None:
+        """Shift the positions of ``seq_id`` in ``[p0, p1)`` by ``delta``; cells moved below
+        0 are freed. Keys are re-roped before the next decode."""
+        if delta == 0:
+            return
+        sel = self._cells(seq_id, p0, p1)
+        self.pos[sel] += delta
+        self.shift[sel] += delta
+        self.has_shift = bool(sel.any()) or self.has_shift
+        self._free(sel & (self.pos < 0))
+        self._changed()
+
+    def seq_div(self, seq_id: int, p0: int, p1: int, d: int) -> None:
+        """Integer-divide the positions of ``seq_id`` in ``[p0, p1)`` by ``d``."""
+        if d == 1:
+            return
+        if d < 1:
+            raise UsageError(f"seq_div: divisor must be >= 1, not {d}")
+        sel = self._cells(seq_id, p0, p1)
+        new = self.pos[sel] // d
+        self.shift[sel] += new - self.pos[sel]
+        self.pos[sel] = new
+        self.has_shift = bool(sel.any()) or self.has_shift
+        self._changed()
+
+    def apply_shift(self, rope, freqs: np.ndarray) -> None:
+        """Re-rope the keys of shifted cells by their accumulated shift (K-shift)."""
+        if not self.has_shift:
+            return
+        cells = np.nonzero(self.shift)[0].astype(np.int32)
+        n_layer, n_head_kv = self.k.shape[:2]
+        rope_shift_rows(
+            self.k.reshape(-1),
+            self.type_k,
+            self.head_dim,
+            n_layer,
+            n_head_kv,
+            self.n_ctx,
+            self.row_bytes,
+            cells,
+            self.shift,
+            rope.packed(),
+            freqs,
+            rope.neox,
+        )
+        self.shift[:] = 0
+        self.has_shift = False
+
+    # ------------------------------------------------------------------ state
+    def layout(self) -> np.ndarray:
+        """What a saved state must match: layers, KV heads, row bytes, K and V types."""
+        return np.array([*self.k.shape[:2], self.row_bytes, self.type_k, self.type_v], np.int64)
+
+    def get_state(self) -> dict[str, np.ndarray]:
+        """The cells in use (K/V rows, positions, sequence sets, pending shifts), compacted."""
+        used = np.nonzero(self.pos >= 0)[0]
+        return {
+            "k": self.k[:, :, used],
+            "v": self.v[:, :, used],
+            "pos": self.pos[used],
+            "seq": self.seq[used],
+            "shift": self.shift[used],
+            "layout": self.layout(),
+        }
+
+    def set_state(self, state: dict[str, np.ndarray]) -> None:
+        """Replace the cache's contents by a :meth:`get_state` snapshot (cells 0..n-1)."""
+        try:
+            layout = np.asarray(state["layout"])
+            k, v, pos = state["k"], state["v"], np.asarray(state["pos"], np.int32)
+            seq, shift = np.asarray(state["seq"], np.uint64), np.asarray(state["shift"], np.int32)
+        except KeyError as e:
+            raise UsageError(f"KV cache state: missing field {e}") from None
+        if not np.array_equal(layout, self.layout()):
+            raise UsageError(
+                f"the state was saved from a different model or cache type "
+                f"(layout {layout.tolist()}, this cache {self.layout().tolist()})"
+            )
+        n = len(pos)
+        if n > self.n_ctx:
+            raise UsageError(f"the state holds {n} cells but this cache has n_ctx = {self.n_ctx}")
+        want = (*self.k.shape[:2], n, self.row_bytes)
+        if (
+            k.shape != want
+            or v.shape != want
+            or seq.shape != (n, self.seq.shape[1])
+            or shift.shape != (n,)
+        ):
+            raise UsageError(f"KV cache state: arrays do not match {n} cells of shape {want}")
+        self.clear()
+        self.k[:, :, :n] = k
+        self.v[:, :, :n] = v
+        self.pos[:n] = pos
+        self.seq[:n] = seq
+        self.shift[:n] = shift
+        self.has_shift = bool(shift.any())
+        self.head = n % self.n_ctx
+        self._changed()
+
+    # ------------------------------------------------------------------ placement
+    def place(self, ub: UBatch) -> np.ndarray:
+        """Find cells for the ubatch's tokens, record their positions and sequences, and
+        return the cell index of each token. Raises :class:`KVCacheFullError`."""
+        n = len(ub)
+        sid = ub.seq_id
+        seqs = [int(x) for x in (np.unique(sid[sid >= 0]) if n > 1 or sid.shape[1] > 1 else sid[0])]
+        prev = {s: self.seq_pos_max(s) for s in seqs}
+        h = self.head
+        if h + n <= self.n_ctx and (self.pos[h : h + n] < 0).all():
+            cells = np.arange(h, h + n, dtype=np.int32)  # the usual case: free run at the head
+        else:
+            free = np.nonzero(self.pos < 0)[0]
+            if free.size < n:
+                raise KVCacheFullError(
+                    f"the KV cache is full: {n} tokens need cells but only {free.size} of "
+                    f"{self.n_ctx} are free; remove sequences (seq_rm) or use a larger n_ctx"
+                )
+            # first free cells from the head on, wrapping around (as llama.cpp's search)
+            order = np.concatenate([free[free >= h], free[free < h]])
+            cells = order[:n].astype(np.int32)
+        self.pos[cells] = ub.pos
+        if sid.shape[1] == 1 and self.seq.shape[1] == 1:
+            self.seq[cells, 0] = np.uint64(1) << sid[:, 0].astype(np.uint64)
+        else:
+            self.seq[cells] = 0
+            for c, ids in zip(cells, sid):
+                for s in ids[ids >= 0]:
+                    w, b = divmod(int(s), 64)
+                    self.seq[c, w] |= np.uint64(1 << b)
+        last = int(cells.max()) + 1
+        self.head = last if last < self.n_ctx else 0
+        self._top = max(self._top, last)
+        for s in seqs:
+            new = int(ub.pos[-1]) if len(seqs) == 1 else int(ub.pos[(sid == s).any(axis=1)].max())
+            self._pmax[s] = max(prev[s], new)
+        return cells
+
+    def mask(self, ub: UBatch, n_kv: int) -> np.ndarray:
+        """``uint8 [n, n_kv]``: 1 where token ``t`` sees cell ``c`` (the cell holds the
+        token's first sequence at a position not after the token's)."""
+        pos = self.pos[:n_kv]
+        prim = ub.primary_seq
+        seqs = prim[:1] if len(ub) == 1 or (prim == prim[0]).all() else np.unique(prim)
+        out = np.zeros((len(ub), n_kv), np.uint8)
+        for s in seqs:
+            w, b = divmod(int(s), 64)
+            has = ((self.seq[:n_kv, w] >> np.uint64(b)) & np.uint64(1)).astype(bool)
+            has &= pos >= 0
+            rows = slice(None) if len(seqs) == 1 else prim == s
+            out[rows] = has[None, :] & (pos[None, :] <= ub.pos[rows][:, None])
+        return out

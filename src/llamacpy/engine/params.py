@@ -1,0 +1,81 @@
+"""Context settings (llama.cpp's ``llama_context_params`` names) and thread setup."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numba
+
+from ..errors import UsageError
+from ..models.common import RopeOverrides
+
+THREADING_LAYERS = ("default", "omp", "workqueue", "tbb")
+
+
+@dataclass(frozen=True)
+class ContextParams:
+    """How to run a model. ``0`` means "from the model" (``n_ctx``) or "auto" (threads)."""
+
+    n_ctx: int = 4096
+    n_batch: int = 2048  # most tokens one decode() call accepts
+    n_ubatch: int = 512  # most tokens one forward pass computes
+    n_seq_max: int = 1
+    n_threads: int = 0  # decode (single-token ubatches)
+    n_threads_batch: int = 0  # prompt processing
+    type_k: str = "f16"
+    type_v: str = "f16"
+    use_mmap: bool = True
+    use_mlock: bool = False
+    threading_layer: str = "omp"
+    # which matmul kernels the compiled forward pass links: "model" (only the formats of the
+    # loaded model: the fastest first start) or "all" (one compiled forward serves any model)
+    kernel_formats: str = "model"
+    rope: RopeOverrides = field(default_factory=RopeOverrides)
+
+    def check(self) -> None:
+        for name in ("n_batch", "n_ubatch", "n_seq_max"):
+            if getattr(self, name) < 1:
+                raise UsageError(f"{name} must be at least 1, not {getattr(self, name)}")
+        if self.n_ctx < 0 or self.n_threads < 0 or self.n_threads_batch < 0:
+            raise UsageError("n_ctx and thread counts must not be negative")
+        if self.kernel_formats not in ("model", "all"):
+            raise UsageError(
+                f"kernel_formats must be 'model' or 'all', not {self.kernel_formats!r}"
+            )
+        if self.threading_layer not in THREADING_LAYERS:
+            raise UsageError(
+                f"unknown threading layer {self.threading_layer!r}; "
+                f"choose one of {', '.join(THREADING_LAYERS)}"
+            )
+
+
+def physical_cores() -> int:
+    """Physical cores available to this process (llama.cpp's default thread count)."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+    cores = set()
+    for c in cpus:
+        base = Path(f"/sys/devices/system/cpu/cpu{c}/topology")
+        try:
+            cores.add(
+                (base / "physical_package_id").read_text().strip()
+                + ":"
+                + (base / "core_id").read_text().strip()
+            )
+        except OSError:
+            cores.add(str(c))
+    return max(1, len(cores))
+
+
+def setup_threads(layer: str, n_threads: int) -> int:
+    """Select numba's threading layer (effective before its first parallel call) and return
+    the usable thread count (at most numba's pool size)."""
+    from numba.np.ufunc import parallel
+
+    if not parallel._is_initialized:
+        numba.config.THREADING_LAYER = layer
+    return max(1, min(n_threads, numba.config.NUMBA_NUM_THREADS))

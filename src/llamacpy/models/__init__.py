@@ -1,0 +1,57 @@
+"""L3: one module per ``general.architecture``, found through a lazy registry.
+
+``load_model(path)`` opens a GGUF model (or the first shard of a split one), looks its
+architecture up here, imports that module only then, and returns the loaded model. Adding an
+architecture = its module + one line in ``_ARCHITECTURES`` + its entry in the shared tests.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any
+
+from ..errors import ModelError
+from ..gguf.constants import KEY_ARCHITECTURE
+from .common import RopeOverrides
+from .weights import TensorSource, model_file
+
+# architecture -> (module, class)
+_ARCHITECTURES: dict[str, tuple[str, str]] = {
+    "llama": ("llamacpy.models.llama", "LlamaModel"),
+}
+
+
+def supported_architectures() -> tuple[str, ...]:
+    return tuple(_ARCHITECTURES)
+
+
+def model_class(arch: str) -> Any:
+    """The model class of an architecture (imported on first use)."""
+    try:
+        module, name = _ARCHITECTURES[arch]
+    except KeyError:
+        raise ModelError(
+            f"architecture {arch!r} is not supported by the engine (key {KEY_ARCHITECTURE!r}); "
+            f"supported: {', '.join(_ARCHITECTURES)}"
+        ) from None
+    return getattr(importlib.import_module(module), name)
+
+
+def load_model(
+    path: str | os.PathLike[str], *, use_mmap: bool = True, rope: RopeOverrides | None = None
+) -> Any:
+    """Open, check and load a model for inference."""
+    mf = model_file(path)
+    source = TensorSource(mf, use_mmap=use_mmap)
+    try:
+        arch = mf.get(KEY_ARCHITECTURE)
+        if not isinstance(arch, str):
+            raise ModelError(f"{path}: missing metadata key {KEY_ARCHITECTURE!r}")
+        return model_class(arch).load(mf, source, rope)
+    finally:
+        source.close()
+        mf.close()
+
+
+__all__ = ["RopeOverrides", "load_model", "model_class", "supported_architectures"]

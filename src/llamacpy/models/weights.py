@@ -1,0 +1,177 @@
+"""Model weights in the form the kernels read: matrices repacked into one buffer, vectors in
+another, and the reading of tensor bytes from the GGUF shards.
+
+Tensor bytes are read tensor by tensor, through a memory map (default) or ``read()``
+(``use_mmap=False``); after a tensor is repacked its file pages are dropped from the process
+(``MADV_DONTNEED``), so loading never holds the file and the repacked copy at once. The
+repacked buffer is the only copy of the weights the engine keeps; ``mlock`` pins it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ModelError
+from ..gguf import GGMLType, GGUFModelFile, TensorInfo
+from ..ops import formats
+
+_ALIGN = 64
+_PAGE = mmap.PAGESIZE
+
+
+class TensorSource:
+    """Reads the bytes of tensors of an opened model file, from its shards."""
+
+    def __init__(self, model: GGUFModelFile, use_mmap: bool = True) -> None:
+        self.model = model
+        self.use_mmap = use_mmap
+        self._files: dict[int, object] = {}
+        self._maps: dict[int, mmap.mmap] = {}
+
+    def _shard(self, name: str) -> int:
+        return self.model.shard_of(name)
+
+    def raw(self, info: TensorInfo) -> np.ndarray:
+        """The tensor's bytes (uint8, read-only view of the map or a fresh array)."""
+        i = self._shard(info.name)
+        path = self.model.paths[i]
+        if self.use_mmap:
+            mm = self._maps.get(i)
+            if mm is None:
+                with open(path, "rb") as f:
+                    mm = self._maps[i] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            return np.frombuffer(mm, np.uint8, count=info.nbytes, offset=info.data_offset)
+        f = self._files.get(i)
+        if f is None:
+            f = self._files[i] = open(path, "rb")  # noqa: SIM115 (closed in close())
+        buf = np.empty(info.nbytes, np.uint8)
+        f.seek(info.data_offset)
+        if f.readinto(memoryview(buf)) != info.nbytes:
+            raise ModelError(f"{path}: truncated data of tensor {info.name!r}")
+        return buf
+
+    def release(self, info: TensorInfo) -> None:
+        """Drop the tensor's file pages from this process (they stay in the page cache)."""
+        mm = self._maps.get(self._shard(info.name))
+        if mm is None or not hasattr(mm, "madvise"):
+            return
+        start = info.data_offset - info.data_offset % _PAGE
+        end = info.data_offset + info.nbytes
+        try:
+            mm.madvise(mmap.MADV_DONTNEED, start, end - start)
+        except (OSError, ValueError):
+            pass
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+        for mm in self._maps.values():
+            try:
+                mm.close()
+            except BufferError:  # a view is still alive; it unmaps when freed
+                pass
+        self._files.clear()
+        self._maps.clear()
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """A 2-D weight in the store: ``nrows`` outputs x ``ncols`` inputs (GGUF ``ne[1]``,
+    ``ne[0]``), row ``desc`` of :attr:`WeightStore.desc`."""
+
+    index: int
+    name: str
+    type: GGMLType
+    nrows: int
+    ncols: int
+
+    @property
+    def n_groups(self) -> int:
+        return formats.n_groups(self.nrows)
+
+
+@dataclass(frozen=True)
+class Vector:
+    """A 1-D float32 weight at ``offset`` in :attr:`WeightStore.fbuf`."""
+
+    offset: int
+    name: str
+    size: int
+
+
+class WeightStore:
+    """Collects matrices and vectors, then :meth:`build` repacks them into two buffers.
+
+    ``buf`` (uint8) holds every matrix repacked (see :mod:`llamacpy.ops.formats`), ``desc``
+    (int64 ``[n, 4]``: type, byte offset, nrows, ncols) describes them, ``fbuf`` (float32)
+    holds the vectors.
+    """
+
+    def __init__(self) -> None:
+        self.matrices: list[tuple[Matrix, TensorInfo]] = []
+        self.vectors: list[tuple[Vector, TensorInfo]] = []
+        self._fsize = 0
+        self.buf = np.zeros(0, np.uint8)
+        self.desc = np.zeros((0, 4), np.int64)
+        self.fbuf = np.zeros(0, np.float32)
+
+    def matrix(self, info: TensorInfo) -> Matrix:
+        if len(info.shape) != 2:
+            raise ModelError(f"tensor {info.name!r} must be 2-D, has shape {info.shape}")
+        formats.layout(info.type, tensor=info.name)
+        m = Matrix(len(self.matrices), info.name, GGMLType(info.type), info.shape[1], info.shape[0])
+        self.matrices.append((m, info))
+        return m
+
+    def vector(self, info: TensorInfo) -> Vector:
+        if info.type != GGMLType.F32 or len(info.shape) != 1:
+            raise ModelError(f"tensor {info.name!r} must be a 1-D F32 vector")
+        v = Vector(self._fsize, info.name, info.shape[0])
+        self._fsize += -(-info.shape[0] // 16) * 16
+        self.vectors.append((v, info))
+        return v
+
+    @property
+    def types(self) -> set[GGMLType]:
+        return {m.type for m, _ in self.matrices}
+
+    def build(self, source: TensorSource) -> None:
+        """Read, repack and place every queued tensor."""
+        offsets, total = [], 0
+        for m, _ in self.matrices:
+            offsets.append(total)
+            size = formats.repacked_nbytes(m.type, m.nrows, m.ncols)
+            total += size + (-size % _ALIGN)
+        self.buf = np.empty(max(total, _ALIGN), np.uint8)
+        self.desc = np.zeros((len(self.matrices), 4), np.int64)
+        for (m, info), off in zip(self.matrices, offsets):
+            size = formats.repacked_nbytes(m.type, m.nrows, m.ncols)
+            formats.repack(source.raw(info), m.type, m.nrows, m.ncols, self.buf[off : off + size])
+            source.release(info)
+            self.desc[m.index] = (int(m.type), off, m.nrows, m.ncols)
+        self.fbuf = np.zeros(max(self._fsize, 16), np.float32)
+        for v, info in self.vectors:
+            self.fbuf[v.offset : v.offset + v.size] = source.raw(info).view(np.float32)
+
+    @property
+    def nbytes(self) -> int:
+        return self.buf.nbytes + self.fbuf.nbytes
+
+    def mlock(self) -> None:
+        """Pin the weights in RAM (``mlock``); raises ``OSError`` when the limit refuses."""
+        libc = ctypes.CDLL(None, use_errno=True)
+        for a in (self.buf, self.fbuf):
+            if libc.mlock(ctypes.c_void_p(a.ctypes.data), ctypes.c_size_t(a.nbytes)) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"mlock of {a.nbytes} bytes failed: {os.strerror(err)}")
+
+
+def model_file(path: str | os.PathLike[str]) -> GGUFModelFile:
+    """Open a model (first shard of a split model, or a single file) for loading."""
+    return GGUFModelFile(Path(path))

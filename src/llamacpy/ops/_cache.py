@@ -1,0 +1,143 @@
+"""Disk caching of compiled kernels, invalidated when a kernel or anything it uses changes.
+
+numba's ``cache=True`` keys a function's cache on the hash of *its own* source file, but the
+kernels here inline helpers from other modules (``simd.py``, the format kernels, ...): after
+an edit of a helper, a caller would load stale machine code. This locator keys a kernel of
+``llamacpy.ops`` / ``llamacpy.models`` on the hash of its file together with every file of
+those packages that it imports, directly or not (found by reading the relative imports).
+It is registered when ``llamacpy.ops`` is imported and applies only to files inside those
+packages; the cache lives in ``__pycache__`` next to the sources, or in numba's user-wide
+cache directory when the package directory is read-only. Loading these cached kernels also
+skips numba's full context refresh (see :func:`_load_overload`), which halves start time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from functools import cache
+from pathlib import Path
+
+from numba.core import caching, config
+from numba.core.runtime import rtsys
+
+_ROOT = Path(__file__).resolve().parent.parent  # the llamacpy package
+_KERNEL_DIRS = (_ROOT / "ops", _ROOT / "models")
+
+
+def _module_file(pkg_dir: Path, level: int, module: str | None, name: str | None) -> Path | None:
+    base = pkg_dir
+    for _ in range(level - 1):
+        base = base.parent
+    parts = (module.split(".") if module else []) + ([name] if name else [])
+    for n in (len(parts), len(parts) - 1):
+        if n <= 0 and not parts:
+            return None
+        cand = base.joinpath(*parts[:n])
+        if cand.with_suffix(".py").is_file():
+            return cand.with_suffix(".py")
+        if (cand / "__init__.py").is_file() and n == len(parts):
+            return cand / "__init__.py"
+    return None
+
+
+_FROM = re.compile(r"^[ \t]*from[ \t]+(\.+)([\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n]*)", re.M)
+
+
+@cache
+def _imports(path: Path, mtime_ns: int) -> tuple[Path, ...]:
+    """Kernel-package files imported (relatively) by ``path`` (a cheap scan of the source:
+    this runs on every start)."""
+    found = set()
+    for dots, module, names in _FROM.findall(path.read_text()):
+        listed = [n.split(" as ")[0].strip() for n in names.strip("()").split(",")]
+        for nm in [None, *[n for n in listed if n.isidentifier()]]:
+            f = _module_file(path.parent, len(dots), module or None, nm)
+            if f is not None and any(f.parent == d for d in _KERNEL_DIRS):
+                found.add(f.resolve())
+    return tuple(sorted(found))
+
+
+def _closure(path: Path) -> list[Path]:
+    seen, todo = set(), [path.resolve()]
+    while todo:
+        p = todo.pop()
+        if p in seen or not p.is_file():
+            continue
+        seen.add(p)
+        todo.extend(_imports(p, p.stat().st_mtime_ns))
+    return sorted(seen)
+
+
+@cache
+def _hash(files: tuple[tuple[str, int, int], ...]) -> bytes:
+    h = hashlib.sha256()
+    for name, _, _ in files:
+        h.update(name.encode())
+        h.update(Path(name).read_bytes())
+    return h.digest()
+
+
+def kernel_stamp(py_file: str) -> bytes:
+    """Hash of a kernel file and of every kernel file it depends on."""
+    files = tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in _closure(Path(py_file)))
+    return _hash(files)
+
+
+def _is_kernel_file(py_file: str) -> bool:
+    try:
+        path = Path(py_file).resolve()
+    except OSError:
+        return False
+    return any(path.parent == d for d in _KERNEL_DIRS)
+
+
+class _StampMixin:
+    def get_source_stamp(self):
+        return kernel_stamp(self._py_file)
+
+
+class _InTreeKernelLocator(_StampMixin, caching.InTreeCacheLocator):
+    @classmethod
+    def from_function(cls, py_func, py_file):
+        if not _is_kernel_file(py_file):
+            return None
+        return super().from_function(py_func, py_file)
+
+
+class _UserWideKernelLocator(_StampMixin, caching.UserWideCacheLocator):
+    @classmethod
+    def from_function(cls, py_func, py_file):
+        if not _is_kernel_file(py_file):
+            return None
+        return super().from_function(py_func, py_file)
+
+
+_KERNEL_LOCATORS: tuple[type, ...] = ()
+_numba_load_overload = caching.Cache.load_overload
+
+
+def _load_overload(self, sig, target_context):
+    """numba refreshes its whole lowering library (hundreds of modules: ~0.3 s and ~30 MB)
+    before every cache lookup; loading cached machine code only needs its runtime. Kernels
+    of this package skip the refresh (a cache miss compiles, and compiling refreshes)."""
+    if not isinstance(self._impl.locator, _KERNEL_LOCATORS):
+        return _numba_load_overload(self, sig, target_context)
+    rtsys.initialize(target_context)
+    with self._guard_against_spurious_io_errors():
+        return self._load_overload(sig, target_context)
+
+
+def install() -> None:
+    """Put the kernel locators first in numba's list (idempotent)."""
+    global _KERNEL_LOCATORS
+    _KERNEL_LOCATORS = (_InTreeKernelLocator, _UserWideKernelLocator)
+    caching.Cache.load_overload = _load_overload
+    classes = caching.CacheImpl._locator_classes
+    for cls in (_UserWideKernelLocator, _InTreeKernelLocator):
+        if cls not in classes:
+            classes.insert(0, cls)
+    # numba's own override (NUMBA_CACHE_DIR) keeps precedence when the user sets it
+    if config.CACHE_DIR:
+        classes.remove(caching.UserProvidedCacheLocator)
+        classes.insert(0, caching.UserProvidedCacheLocator)

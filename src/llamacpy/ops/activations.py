@@ -1,0 +1,96 @@
+"""SwiGLU ``silu(gate) * up`` with ggml's AVX-512 numerics (``ggml_vec_swiglu_f32``:
+``ggml_v_silu`` = ``x / (1 + ggml_v_expf(0 - x))``, a polynomial ``exp`` with its own
+rounding), so the result is bit-identical to llama.cpp's on the same inputs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .simd import (
+    vabs,
+    vfma,
+    vldexp,
+    vload_f32,
+    vselect_gt,
+    vsplat_f32,
+    vstore_f32,
+    vzero_f32,
+)
+
+_F32 = np.float32
+_C = {
+    k: _F32(float.fromhex(v))
+    for k, v in {
+        "r": "0x1.8p23",
+        "log2e": "0x1.715476p+0",
+        "ln2hi": "0x1.62e4p-1",
+        "ln2lo": "0x1.7f7d1cp-20",
+        "c5": "0x1.0e4020p-7",
+        "c4": "0x1.573e2ep-5",
+        "c3": "0x1.555e66p-3",
+        "c2": "0x1.fffdb6p-2",
+        "c1": "0x1.ffffecp-1",
+    }.items()
+}
+R, LOG2E, LN2HI, LN2LO = _C["r"], _C["log2e"], _C["ln2hi"], _C["ln2lo"]
+C5, C4, C3, C2, C1 = _C["c5"], _C["c4"], _C["c3"], _C["c2"], _C["c1"]
+
+
+@njit(cache=True, inline="always")
+def vexp_ggml(x):
+    """ggml_v_expf (AVX-512 variant) on 16 lanes."""
+    r = vsplat_f32(R)
+    z = vfma(x, vsplat_f32(LOG2E), r)
+    n = z - r
+    neg_n = vzero_f32() - n
+    b = vfma(neg_n, vsplat_f32(LN2LO), vfma(neg_n, vsplat_f32(LN2HI), x))
+    u = b * b
+    p = vfma(vfma(vsplat_f32(C5), b, vsplat_f32(C4)), u, vfma(vsplat_f32(C3), b, vsplat_f32(C2)))
+    j = vfma(p, u, vfma(vsplat_f32(C1), b, vsplat_f32(1.0)))
+    res = vldexp(j, n)
+    # |n| > 192: +inf for large x, 0 for very negative x
+    alt = vselect_gt(n, vzero_f32(), vsplat_f32(np.inf), vzero_f32())
+    return vselect_gt(vabs(n), vsplat_f32(192.0), alt, res)
+
+
+@njit(cache=True)
+def swiglu(g, u, t0, t1, c0, c1, out):
+    """``out[t, c] = silu(g[t, c]) * u[t, c]`` for rows ``t0..t1``, columns ``c0..c1``
+    (``c1 - c0`` a multiple of 16)."""
+    one = vsplat_f32(1.0)
+    for t in range(t0, t1):
+        for c in range(c0, c1, 16):
+            x = vload_f32(g[t], c)
+            e = vexp_ggml(vzero_f32() - x)
+            s = x / (one + e)
+            vstore_f32(out[t], c, s * vload_f32(u[t], c))
+
+
+def _fma(a, b, c):
+    return (a.astype(np.float64) * b + c).astype(_F32)
+
+
+def exp_ggml_numpy(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, _F32)
+    with np.errstate(invalid="ignore"):
+        return _exp_ggml_numpy(x)
+
+
+def _exp_ggml_numpy(x: np.ndarray) -> np.ndarray:
+    z = _fma(x, LOG2E, R)
+    n = (z - R).astype(_F32)
+    b = _fma(-n, LN2LO, _fma(-n, LN2HI, x))
+    u = (b * b).astype(_F32)
+    j = _fma(_fma(_fma(C5, b, C4), u, _fma(C3, b, C2)), u, _fma(C1, b, _F32(1.0)))
+    with np.errstate(over="ignore", invalid="ignore"):
+        res = np.ldexp(j, n.astype(np.int32)).astype(_F32)
+    alt = np.where(n > 0, _F32(np.inf), _F32(0.0))
+    return np.where(np.abs(n) > 192, alt, res).astype(_F32)
+
+
+def swiglu_numpy(g: np.ndarray, u: np.ndarray) -> np.ndarray:
+    g = np.asarray(g, _F32)
+    s = (g / (_F32(1.0) + exp_ggml_numpy(_F32(0.0) - g))).astype(_F32)
+    return (s * np.asarray(u, _F32)).astype(_F32)

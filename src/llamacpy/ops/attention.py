@@ -1,0 +1,513 @@
+"""Attention over the KV cache with ggml's flash-attention numerics (CPU backend).
+
+Cache rows are one cell's head vector: ``kc[head_kv, cell, :]`` bytes in the cache type
+(``KV_F16``, ``KV_F32`` or ``KV_Q8_0``). ``mask[t, cell]`` is 1 where token ``t`` may attend
+``cell`` (same sequence, not in the future). Three regimes, as in ``ggml_compute_forward_
+flash_attn_ext_f16``:
+
+* ``attend_row`` (ubatches of fewer than 64 tokens, and decoding): one query row, cells in
+  order, online softmax; with an f16 V cache the accumulator is kept in f16 (rounded after
+  every update), the query is rounded to f16 (the K dot type) and K.Q is summed in ggml's
+  lane order. ``ic0..ic1`` restricts the cells (the decode split of long caches into one
+  chunk per thread, merged by :func:`merge_partials`).
+* ``attend_tiled`` (ubatches of 64 tokens and more, f16/f32 cache): float32 throughout, cells
+  in tiles of 64 with the softmax state updated per tile.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .activations import vexp_ggml
+from .rope import rope_apply, rope_cache
+from .simd import (
+    fmaf,
+    load_f16,
+    load_f32,
+    round_f16,
+    store_f16,
+    vfma,
+    vhmax,
+    vhsum,
+    vload_f16,
+    vload_f32,
+    vround_f16,
+    vsplat_f32,
+    vstore_f16,
+    vstore_f32,
+    vzero_f32,
+)
+from .threads import split
+
+KV_F32, KV_F16, KV_Q8_0 = 0, 1, 8  # ggml type ids
+TILE = 64
+_F32 = np.float32
+_NEG_INF = _F32(-np.inf)
+
+
+def kv_row_bytes(kv_type: int, head_dim: int) -> int:
+    if kv_type == KV_F32:
+        return 4 * head_dim
+    if kv_type == KV_F16:
+        return 2 * head_dim
+    return head_dim // 32 * 34
+
+
+# ----------------------------------------------------------------------------- cache rows
+@njit(cache=True)
+def store_row(x, xo, hd, kv_type, cache, co):
+    """Write ``x[xo:xo+hd]`` (f32, flat) into the cache row at byte ``co``, converting as
+    ggml's ``from_float`` of the cache type (f16 round to nearest; q8_0 as for activations)."""
+    if kv_type == KV_F32:
+        for i in range(0, hd, 16):
+            vstore_f32(cache, co + 4 * i, vload_f32(x, xo + i))
+    elif kv_type == KV_F16:
+        for i in range(0, hd, 16):
+            vstore_f16(cache, co + 2 * i, vload_f32(x, xo + i))
+    else:
+        for b in range(hd // 32):
+            amax = _F32(0.0)
+            for j in range(32):
+                amax = max(amax, abs(x[xo + 32 * b + j]))
+            d = amax / _F32(127.0)
+            inv = _F32(127.0) / amax if amax != 0 else _F32(0.0)
+            o = co + 34 * b
+            store_f16(cache, o, d)
+            for j in range(32):
+                cache[o + 2 + j] = np.uint8(np.int64(np.rint(x[xo + 32 * b + j] * inv)) & 0xFF)
+
+
+@njit(cache=True)
+def load_row(cache, co, hd, kv_type, out):
+    """Dequantize a cache row into ``out[:hd]`` (f32)."""
+    if kv_type == KV_F32:
+        for i in range(0, hd, 16):
+            vstore_f32(out, i, vload_f32(cache, co + 4 * i))
+    elif kv_type == KV_F16:
+        for i in range(0, hd, 16):
+            vstore_f32(out, i, vload_f16(cache, co + 2 * i))
+    else:
+        for b in range(hd // 32):
+            d = load_f16(cache, co + 34 * b)
+            for j in range(32):
+                q = np.int64(cache[co + 34 * b + 2 + j])
+                out[32 * b + j] = _F32(q - 256 if q >= 128 else q) * d
+
+
+# ----------------------------------------------------------------------------- one row
+@njit(cache=True, inline="always")
+def _dot_f16(qv, kc, ko, hd):
+    """ggml_vec_dot_f16 for hd % 16 == 0: 4 lane accumulators per 64, tree reduction,
+    leftover elements summed in double. ``qv`` holds q rounded to f16 (as f32)."""
+    n64 = hd - hd % 64
+    s0 = s1 = s2 = s3 = vzero_f32()
+    for i in range(0, n64, 64):
+        s0 = vfma(vload_f32(qv, i), vload_f16(kc, ko + 2 * i), s0)
+        s1 = vfma(vload_f32(qv, i + 16), vload_f16(kc, ko + 2 * i + 32), s1)
+        s2 = vfma(vload_f32(qv, i + 32), vload_f16(kc, ko + 2 * i + 64), s2)
+        s3 = vfma(vload_f32(qv, i + 48), vload_f16(kc, ko + 2 * i + 96), s3)
+    acc = np.float64(vhsum((s0 + s2) + (s1 + s3))) if n64 > 0 else 0.0
+    for i in range(n64, hd):
+        acc += np.float64(qv[i] * load_f16(kc, ko + 2 * i))
+    return _F32(acc)
+
+
+@njit(cache=True, inline="always")
+def _dot_f32(qv, kc, ko, hd):
+    """ggml_vec_dot_f32, same lane structure as the f16 one."""
+    n64 = hd - hd % 64
+    s0 = s1 = s2 = s3 = vzero_f32()
+    for i in range(0, n64, 64):
+        s0 = vfma(vload_f32(qv, i), vload_f32(kc, ko + 4 * i), s0)
+        s1 = vfma(vload_f32(qv, i + 16), vload_f32(kc, ko + 4 * i + 64), s1)
+        s2 = vfma(vload_f32(qv, i + 32), vload_f32(kc, ko + 4 * i + 128), s2)
+        s3 = vfma(vload_f32(qv, i + 48), vload_f32(kc, ko + 4 * i + 192), s3)
+    acc = np.float64(vhsum((s0 + s2) + (s1 + s3))) if n64 > 0 else 0.0
+    for i in range(n64, hd):
+        acc += np.float64(qv[i] * load_f32(kc, ko + 4 * i))
+    return _F32(acc)
+
+
+@njit(cache=True, inline="always")
+def _dot_q8(qv, qq, kc, ko, hd):
+    """q8_0 . q8_0: per block d_k*d_q*sum(int products); ``qq`` = q quantized (int8 in an
+    int32 array), ``qv[b]`` its block scales."""
+    acc = _F32(0.0)
+    for b in range(hd // 32):
+        isum = 0
+        o = ko + 34 * b
+        for j in range(32):
+            k = np.int64(kc[o + 2 + j])
+            isum += (k - 256 if k >= 128 else k) * qq[32 * b + j]
+        acc += load_f16(kc, o) * qv[b] * _F32(isum)
+    return acc
+
+
+@njit(cache=True)
+def prepare_query(q, qo, hd, k_type, qv, qq):
+    """Convert a query row to the K dot type: f16-rounded (f16 K), as is (f32), or q8_0."""
+    if k_type == KV_F16:
+        for i in range(0, hd, 16):
+            vstore_f32(qv, i, vround_f16(vload_f32(q, qo + i)))
+    elif k_type == KV_F32:
+        for i in range(0, hd, 16):
+            vstore_f32(qv, i, vload_f32(q, qo + i))
+    else:
+        for b in range(hd // 32):
+            amax = _F32(0.0)
+            for j in range(32):
+                amax = max(amax, abs(q[qo + 32 * b + j]))
+            d = amax / _F32(127.0)
+            inv = _F32(127.0) / amax if amax != 0 else _F32(0.0)
+            for j in range(32):
+                qq[32 * b + j] = np.int32(np.rint(q[qo + 32 * b + j] * inv))
+            qv[b] = round_f16(d)
+
+
+@njit(cache=True)
+def attend_row(
+    qv, qq, kc, vc, ko, vo, cstride, k_type, v_type, hd, mask, mo, ic0, ic1, scale, vbuf, res
+):
+    """One query row over cells ``ic0..ic1`` -> ``res[:hd]`` (unnormalized, f32) and
+    returns ``(M, S)`` (running max and sum). ``mask[mo + c]`` gates cell ``c``."""
+    m = _NEG_INF
+    s_sum = _F32(0.0)
+    for i in range(0, hd, 16):
+        vstore_f32(res, i, vzero_f32())
+    for c in range(ic0, ic1):
+        if mask[mo + c] == 0:
+            continue
+        kco = ko + c * cstride
+        if k_type == KV_F16:
+            s = _dot_f16(qv, kc, kco, hd)
+        elif k_type == KV_F32:
+            s = _dot_f32(qv, kc, kco, hd)
+        else:
+            s = _dot_q8(qv, qq, kc, kco, hd)
+        s = s * scale
+        ms = _F32(1.0)
+        vs = _F32(1.0)
+        vco = vo + c * cstride
+        if s > m:
+            ms = np.exp(m - s)
+            m = s
+            for i in range(0, hd, 16):
+                r = vload_f32(res, i) * vsplat_f32(ms)
+                if v_type == KV_F16:
+                    r = vround_f16(r)
+                vstore_f32(res, i, r)
+        else:
+            vs = np.exp(s - m)
+        if v_type == KV_F16:
+            for i in range(0, hd, 16):
+                r = vfma(vload_f16(vc, vco + 2 * i), vsplat_f32(vs), vload_f32(res, i))
+                vstore_f32(res, i, vround_f16(r))
+        else:
+            load_row(vc, vco, hd, v_type, vbuf)
+            for i in range(0, hd, 16):
+                r = vfma(vload_f32(vbuf, i), vsplat_f32(vs), vload_f32(res, i))
+                vstore_f32(res, i, r)
+        s_sum = fmaf(s_sum, ms, vs)  # gcc contracts ggml's `S = S*ms + vs`
+    return m, s_sum
+
+
+@njit(cache=True)
+def finish_row(res, hd, s_sum, out, oo):
+    """``out[oo:oo+hd] = res / S`` (0 when no cell was visible)."""
+    inv = _F32(1.0) / s_sum if s_sum != 0 else _F32(0.0)
+    for i in range(0, hd, 16):
+        vstore_f32(out, oo + i, vload_f32(res, i) * vsplat_f32(inv))
+
+
+@njit(cache=True)
+def merge_partials(ms, ss, parts, n_chunks, hd, out, oo, tmp):
+    """Combine per-chunk (M, S, VKQ) of one head as ggml's split-KV reduction."""
+    m_fin = _NEG_INF
+    s_fin = _F32(0.0)
+    for i in range(hd):
+        tmp[i] = 0
+    for c in range(n_chunks):
+        if ss[c] == 0:
+            continue
+        m_new = max(m_fin, ms[c])
+        so = np.exp(m_fin - m_new)
+        sn = np.exp(ms[c] - m_new)
+        for i in range(hd):
+            tmp[i] = fmaf(tmp[i], so, parts[c, i] * sn)
+        s_fin = fmaf(s_fin, so, ss[c] * sn)
+        m_fin = m_new
+    inv = _F32(1.0) / s_fin if s_fin != 0 else _F32(1.0)
+    for i in range(hd):
+        out[oo + i] = tmp[i] * inv
+
+
+# ----------------------------------------------------------------------------- tiled
+@njit(cache=True)
+def load_tile(kc, vc, ko, vo, cstride, kv_type, hd, c0, n, kt, vt):
+    """Cells ``c0..c0+n`` of one head as float32: ``kt[d, c]`` (transposed) and ``vt[c, d]``;
+    cells past ``n`` are zero."""
+    for c in range(TILE):
+        if c < n:
+            load_row(kc, ko + (c0 + c) * cstride, hd, kv_type, vt[c])
+            for d in range(hd):
+                kt[d, c] = vt[c, d]
+            load_row(vc, vo + (c0 + c) * cstride, hd, kv_type, vt[c])
+        else:
+            for d in range(hd):
+                kt[d, c] = 0
+                vt[c, d] = 0
+
+
+@njit(cache=True)
+def attend_tile(q, qo, hd, kt, vt, mask, mo, c0, n, scale, state, res, p):
+    """Update one query row's softmax state (``state`` = [M, S]) and accumulator ``res`` with
+    a loaded tile of ``n`` cells starting at cell ``c0``, ggml's tiled f32 numerics
+    (``p``: scratch of TILE floats)."""
+    kq0 = kq1 = kq2 = kq3 = vzero_f32()
+    for d in range(hd):
+        qd = vsplat_f32(q[qo + d])
+        kq0 = vfma(qd, vload_f32(kt[d], 0), kq0)
+        kq1 = vfma(qd, vload_f32(kt[d], 16), kq1)
+        kq2 = vfma(qd, vload_f32(kt[d], 32), kq2)
+        kq3 = vfma(qd, vload_f32(kt[d], 48), kq3)
+    sc = vsplat_f32(scale)
+    vstore_f32(p, 0, kq0 * sc)
+    vstore_f32(p, 16, kq1 * sc)
+    vstore_f32(p, 32, kq2 * sc)
+    vstore_f32(p, 48, kq3 * sc)
+    for c in range(TILE):
+        if c >= n or mask[mo + c0 + c] == 0:
+            p[c] = _NEG_INF
+    tmax = max(vhmax(vload_f32(p, 0)), vhmax(vload_f32(p, 16)))
+    tmax = max(tmax, max(vhmax(vload_f32(p, 32)), vhmax(vload_f32(p, 48))))
+    if tmax == _NEG_INF:
+        return
+    m_old = state[0]
+    m_new = max(m_old, tmax)
+    if m_new > m_old:
+        ms = np.exp(m_old - m_new)
+        for i in range(0, hd, 16):
+            vstore_f32(res, i, vload_f32(res, i) * vsplat_f32(ms))
+        state[1] *= ms
+    state[0] = m_new
+    # ggml_vec_soft_max_f32: ggml's vector exp, 16-lane sums added in double
+    tot = 0.0
+    mv = vsplat_f32(m_new)
+    for c in range(0, TILE, 16):
+        e = vexp_ggml(vload_f32(p, c) - mv)
+        vstore_f32(p, c, e)
+        tot += np.float64(vhsum(e))
+    state[1] = _F32(np.float64(state[1]) + tot)
+    for c in range(n):
+        if p[c] != 0:
+            pc = vsplat_f32(p[c])
+            for i in range(0, hd, 16):
+                vstore_f32(res, i, vfma(pc, vload_f32(vt[c], i), vload_f32(res, i)))
+
+
+# ----------------------------------------------------------------------------- drivers
+# ``kc``/``vc`` are a whole cache, flat (uint8); the row of KV head ``hk``, cell ``c`` of the
+# layer is at byte ``lbase + hk*hstride + c*rowb``. ``Q``/``ATT`` are ``[n_tokens,
+# n_head * hd]``; work is split among ``nth`` threads by ``tid``.
+
+
+@njit(cache=True)
+def attention_rows(
+    tid,
+    nth,
+    n_tok,
+    n_kv,
+    n_head,
+    gqa,
+    hd,
+    scale,
+    k_type,
+    v_type,
+    rowb,
+    Q,
+    kc,
+    vc,
+    lbase,
+    hstride,
+    mask,
+    ATT,
+    qv,
+    qq,
+    vbuf,
+    res,
+):
+    """One (token, head) row after the other (ubatches under 64 tokens, short decodes)."""
+    i0, i1 = split(n_tok * n_head, tid, nth)
+    for i in range(i0, i1):
+        t, h = i // n_head, i % n_head
+        prepare_query(Q[t], h * hd, hd, k_type, qv, qq)
+        _, s = attend_row(
+            qv,
+            qq,
+            kc,
+            vc,
+            lbase + (h // gqa) * hstride,
+            lbase + (h // gqa) * hstride,
+            rowb,
+            k_type,
+            v_type,
+            hd,
+            mask[t],
+            0,
+            0,
+            n_kv,
+            scale,
+            vbuf,
+            res,
+        )
+        finish_row(res, hd, s, ATT[t], h * hd)
+
+
+@njit(cache=True)
+def attention_split_partial(
+    tid,
+    nth,
+    n_kv,
+    n_head,
+    gqa,
+    hd,
+    scale,
+    k_type,
+    v_type,
+    rowb,
+    Q,
+    kc,
+    vc,
+    lbase,
+    hstride,
+    mask,
+    qv,
+    qq,
+    vbuf,
+    res,
+    pm,
+    ps,
+    pv,
+):
+    """Decode (one token) over a long cache, phase 1: thread ``tid`` attends its chunk of
+    cells for every head; partials go to ``pm/ps/pv[head, tid]``."""
+    cs = (n_kv + nth - 1) // nth
+    ic0, ic1 = min(tid * cs, n_kv), min((tid + 1) * cs, n_kv)
+    for h in range(n_head):
+        prepare_query(Q[0], h * hd, hd, k_type, qv, qq)
+        m, s = attend_row(
+            qv,
+            qq,
+            kc,
+            vc,
+            lbase + (h // gqa) * hstride,
+            lbase + (h // gqa) * hstride,
+            rowb,
+            k_type,
+            v_type,
+            hd,
+            mask[0],
+            0,
+            ic0,
+            ic1,
+            scale,
+            vbuf,
+            res,
+        )
+        pm[h, tid], ps[h, tid] = m, s
+        pv[h, tid, :hd] = res[:hd]
+
+
+@njit(cache=True)
+def attention_split_merge(tid, nth, n_head, hd, pm, ps, pv, ATT, tmp):
+    """Phase 2 (after a barrier): thread ``tid`` merges the partials of its heads."""
+    h0, h1 = split(n_head, tid, nth)
+    for h in range(h0, h1):
+        merge_partials(pm[h], ps[h], pv[h], nth, hd, ATT[0], h * hd, tmp)
+
+
+@njit(cache=True)
+def attention_tiled(
+    tid,
+    nth,
+    n_tok,
+    n_kv,
+    n_head,
+    gqa,
+    hd,
+    scale,
+    kv_type,
+    rowb,
+    Q,
+    kc,
+    vc,
+    lbase,
+    hstride,
+    mask,
+    ATT,
+    kt,
+    vt,
+    pt,
+    st,
+):
+    """Ubatches of 64 tokens and more: work items are (head, block of 16 tokens)."""
+    nb = (n_tok + 15) // 16
+    i0, i1 = split(n_head * nb, tid, nth)
+    for i in range(i0, i1):
+        h, blk = i // nb, i % nb
+        q0, q1 = 16 * blk, min(16 * blk + 16, n_tok)
+        for t in range(q0, q1):
+            ATT[t, h * hd : (h + 1) * hd] = 0
+            st[2 * (t - q0)] = -np.inf
+            st[2 * (t - q0) + 1] = 0
+        ho = lbase + (h // gqa) * hstride
+        for c0 in range(0, n_kv, TILE):
+            n = min(TILE, n_kv - c0)
+            visible = False
+            for t in range(q0, q1):
+                for c in range(c0, c0 + n):
+                    if mask[t, c] != 0:
+                        visible = True
+                        break
+                if visible:
+                    break
+            if not visible:
+                continue
+            load_tile(kc, vc, ho, ho, rowb, kv_type, hd, c0, n, kt, vt)
+            for t in range(q0, q1):
+                attend_tile(
+                    Q[t],
+                    h * hd,
+                    hd,
+                    kt,
+                    vt,
+                    mask[t],
+                    0,
+                    c0,
+                    n,
+                    scale,
+                    st[2 * (t - q0) : 2 * (t - q0) + 2],
+                    ATT[t, h * hd :],
+                    pt,
+                )
+        for t in range(q0, q1):
+            finish_row(ATT[t, h * hd :], hd, st[2 * (t - q0) + 1], ATT[t], h * hd)
+
+
+# ----------------------------------------------------------------------------- K shift
+@njit(cache=True)
+def rope_shift_rows(kc, k_type, hd, n_layer, n_head_kv, n_ctx, rowb, cells, shift, rp, ff, neox):
+    """Rotate the cached keys of ``cells`` by rope at position ``shift[cell]`` (every layer
+    and head of the flat cache ``kc``), dequantizing and re-storing in the cache type as
+    llama.cpp's K-shift."""
+    n_rot = np.int64(rp[6])
+    row = np.empty((1, hd), _F32)
+    cache = np.empty(max(2, n_rot), _F32)
+    for c in cells:
+        rope_cache(shift[c], rp, ff, cache)
+        for hk in range(n_layer * n_head_kv):
+            o = (hk * n_ctx + c) * rowb
+            load_row(kc, o, hd, k_type, row[0])
+            rope_apply(row, 0, 0, 1, hd, cache, n_rot, neox)
+            store_row(row[0], 0, hd, k_type, kc, o)

@@ -1,0 +1,396 @@
+"""Weight formats the matmul kernels run, and the repacked layout of each.
+
+At load time every 2-D weight is *repacked*: rows are taken 16 at a time (a *row group*,
+padded with zero rows) and, block by block, the fields of the 16 rows' blocks are
+interleaved so that one 64-byte vector load gives the same field of all 16 rows, lane ``r``
+holding row ``r``. A kernel then computes 16 output rows at once with no horizontal sums.
+Field kinds (per block of the group; offsets in bytes):
+
+* ``ROWS``: a small per-row field (an f16 scale) -> ``[row][bytes]``;
+* ``CHUNK4``: a byte array -> ``[bytes/4][row][4]``: vector ``c`` has bytes ``4c..4c+3`` of
+  every row in its lane (``XOR80``: the same, each byte xored with 0x80, making int8 weights
+  unsigned for ``vpdpbusd``);
+* ``T``: elements of size ``e`` -> ``[element][row][e]`` (float weights; int8 sub-scales);
+* ``Q5HB``: a Q5 block's 32 high bits -> 4 bytes per row, byte ``j`` bit ``2c`` / ``2c+1``
+  = the high bit of element ``4c+j`` / ``16+4c+j`` (the order the nibble chunks come in);
+* ``K4SC`` / ``Q3SC`` / ``IQ4XSSC``: 6-bit packed sub-block scales (and mins) unpacked to one
+  byte each, ``[sub-block][row]``.
+
+A repacked group block has the original 16 blocks' size, except where 6-bit scales are
+unpacked (Q3_K/Q4_K/Q5_K +4 bytes per row per 256 weights, IQ4_XS +2).
+Float formats use "blocks" of 16 elements.
+
+:func:`repack` (numba) and :func:`repack_numpy` (vectorized twin) produce the same bytes;
+:func:`unpack_fields` inverts the layout into per-row field arrays for the numpy references.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit, prange
+
+from ..errors import ModelError
+from ..gguf.constants import GGML_BLOCK_SIZES, GGMLType
+from .simd import load_u32, store_u32
+
+ROWS, CHUNK4, XOR80, T, Q5HB, K4SC, Q3SC, IQ4XSSC = range(8)
+GROUP = 16  # rows per row group (vector lanes)
+
+# which activation a format's kernel consumes
+ACT_Q8 = 0  # int8, one f32 scale per 32 (ggml's q8_0 / q8_1)
+ACT_Q8K = 1  # int8, one f32 scale per 256, sums per 16 (ggml's q8_K)
+ACT_F32 = 2  # float32 as is
+ACT_F16 = 3  # float32 rounded to f16 precision (ggml converts activations to f16)
+ACT_BF16 = 4  # float32 rounded to bf16 precision
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one ggml type is repacked: ``ops`` rows are (kind, src_off, nbytes, dst_off, elem)."""
+
+    type: GGMLType
+    qk: int  # elements per (virtual) block
+    src_bytes: int  # bytes per block in the GGUF file (per row)
+    dst_bytes: int  # bytes per block of a 16-row group after repacking
+    act: int
+    ops: tuple[tuple[int, int, int, int, int], ...]
+
+    @property
+    def ops_array(self) -> np.ndarray:
+        return np.array(self.ops, dtype=np.int64).reshape(-1, 5)
+
+
+def _layout(t, qk, act, dst_bytes, *ops):
+    src = GGML_BLOCK_SIZES[t][1] * qk // GGML_BLOCK_SIZES[t][0]
+    full = [(*op, 1) if len(op) == 4 else op for op in ops]
+    return Layout(t, qk, src, dst_bytes, act, tuple(full))
+
+
+G = GGMLType
+LAYOUTS: dict[GGMLType, Layout] = {
+    lay.type: lay
+    for lay in (
+        _layout(G.F32, 16, ACT_F32, 1024, (T, 0, 64, 0, 4)),
+        _layout(G.F16, 16, ACT_F16, 512, (T, 0, 32, 0, 2)),
+        _layout(G.BF16, 16, ACT_BF16, 512, (T, 0, 32, 0, 2)),
+        _layout(G.Q4_0, 32, ACT_Q8, 288, (ROWS, 0, 2, 0), (CHUNK4, 2, 16, 32)),
+        _layout(G.Q4_1, 32, ACT_Q8, 320, (ROWS, 0, 2, 0), (ROWS, 2, 2, 32), (CHUNK4, 4, 16, 64)),
+        _layout(G.Q5_0, 32, ACT_Q8, 352, (ROWS, 0, 2, 0), (Q5HB, 2, 4, 32), (CHUNK4, 6, 16, 96)),
+        _layout(
+            G.Q5_1,
+            32,
+            ACT_Q8,
+            384,
+            (ROWS, 0, 2, 0),
+            (ROWS, 2, 2, 32),
+            (Q5HB, 4, 4, 64),
+            (CHUNK4, 8, 16, 128),
+        ),
+        _layout(G.Q8_0, 32, ACT_Q8, 544, (ROWS, 0, 2, 0), (XOR80, 2, 32, 32)),
+        _layout(G.IQ4_NL, 32, ACT_Q8, 288, (ROWS, 0, 2, 0), (CHUNK4, 2, 16, 32)),
+        _layout(
+            G.Q2_K,
+            256,
+            ACT_Q8K,
+            1344,
+            (ROWS, 80, 2, 0),
+            (ROWS, 82, 2, 32),
+            (T, 0, 16, 64),
+            (CHUNK4, 16, 64, 320),
+        ),
+        _layout(
+            G.Q3_K,
+            256,
+            ACT_Q8K,
+            1824,
+            (ROWS, 108, 2, 0),
+            (Q3SC, 96, 12, 32),
+            (CHUNK4, 0, 32, 288),
+            (CHUNK4, 32, 64, 800),
+        ),
+        _layout(
+            G.Q4_K,
+            256,
+            ACT_Q8K,
+            2368,
+            (ROWS, 0, 2, 0),
+            (ROWS, 2, 2, 32),
+            (K4SC, 4, 12, 64),
+            (CHUNK4, 16, 128, 320),
+        ),
+        _layout(
+            G.Q5_K,
+            256,
+            ACT_Q8K,
+            2880,
+            (ROWS, 0, 2, 0),
+            (ROWS, 2, 2, 32),
+            (K4SC, 4, 12, 64),
+            (CHUNK4, 16, 32, 320),
+            (CHUNK4, 48, 128, 832),
+        ),
+        _layout(
+            G.Q6_K,
+            256,
+            ACT_Q8K,
+            3360,
+            (ROWS, 208, 2, 0),
+            (T, 192, 16, 32),
+            (CHUNK4, 0, 128, 288),
+            (CHUNK4, 128, 64, 2336),
+        ),
+        _layout(
+            G.IQ4_XS,
+            256,
+            ACT_Q8K,
+            2208,
+            (ROWS, 0, 2, 0),
+            (IQ4XSSC, 2, 6, 32),
+            (CHUNK4, 8, 128, 160),
+        ),
+    )
+}
+SUPPORTED_TYPES = tuple(LAYOUTS)
+
+
+def layout(t: GGMLType | int, tensor: str | None = None) -> Layout:
+    try:
+        return LAYOUTS[GGMLType(t)]
+    except (KeyError, ValueError):
+        where = f" (tensor {tensor!r})" if tensor else ""
+        names = ", ".join(x.name for x in SUPPORTED_TYPES)
+        name = GGMLType(t).name if t in GGMLType._value2member_map_ else str(t)
+        raise ModelError(
+            f"weight type {name} is not supported by the matmul kernels{where}; supported: {names}"
+        ) from None
+
+
+def n_groups(nrows: int) -> int:
+    return (nrows + GROUP - 1) // GROUP
+
+
+def repacked_nbytes(t: GGMLType | int, nrows: int, ncols: int) -> int:
+    lay = layout(t)
+    return n_groups(nrows) * (ncols // lay.qk) * lay.dst_bytes
+
+
+# ----------------------------------------------------------------------------- numba repack
+@njit(cache=True, inline="always")
+def _k4_scale_min(q, o, j):
+    """ggml's get_scale_min_k4 on the 12 packed bytes at ``q[o:]``."""
+    if j < 4:
+        return np.int64(q[o + j]) & 63, np.int64(q[o + j + 4]) & 63
+    a, b, c = np.int64(q[o + j + 4]), np.int64(q[o + j - 4]), np.int64(q[o + j])
+    return (a & 0xF) | ((b >> 6) << 4), (a >> 4) | ((c >> 6) << 4)
+
+
+@njit(cache=True, inline="always")
+def _q3_scale(q, o, j):
+    """Q3_K sub-block scale ``j`` (0..15) from the 12 packed bytes at ``q[o:]``, minus 32."""
+    low = np.int64(q[o + j]) & 15 if j < 8 else np.int64(q[o + j - 8]) >> 4
+    high = (np.int64(q[o + 8 + (j % 4)]) >> (2 * (j // 4))) & 3
+    return (low | (high << 4)) - 32
+
+
+@njit(cache=True, inline="always")
+def _repack_op(raw, s, out, d, r, kind, n, e):
+    """One field of row ``r``'s block (bytes at ``raw[s:]``) into the group block at
+    ``out[d:]`` (see the field kinds in the module docstring)."""
+    if kind == ROWS:
+        for i in range(n):
+            out[d + r * n + i] = raw[s + i]
+    elif kind in (CHUNK4, XOR80):
+        x = np.uint32(0x80808080 if kind == XOR80 else 0)
+        for c in range(n // 4):
+            store_u32(out, d + (c * 16 + r) * 4, load_u32(raw, s + 4 * c) ^ x)
+    elif kind == T:
+        if e == 4:
+            for i in range(n // 4):
+                store_u32(out, d + (i * 16 + r) * 4, load_u32(raw, s + i * 4))
+        else:
+            for i in range(n // e):
+                for j in range(e):
+                    out[d + (i * 16 + r) * e + j] = raw[s + i * e + j]
+    elif kind == Q5HB:
+        qh = np.int64(load_u32(raw, s))
+        for j in range(4):
+            v = 0
+            for c in range(4):
+                v |= ((qh >> (4 * c + j)) & 1) << (2 * c)
+                v |= ((qh >> (16 + 4 * c + j)) & 1) << (2 * c + 1)
+            out[d + r * 4 + j] = v
+    elif kind == K4SC:
+        for j in range(8):
+            sc, mn = _k4_scale_min(raw, s, j)
+            out[d + j * 16 + r] = sc
+            out[d + 128 + j * 16 + r] = mn
+    elif kind == Q3SC:
+        for j in range(16):
+            out[d + j * 16 + r] = np.uint8(_q3_scale(raw, s, j) & 0xFF)
+    elif kind == IQ4XSSC:
+        sh = np.int64(raw[s]) | (np.int64(raw[s + 1]) << 8)
+        for j in range(8):
+            lo = (np.int64(raw[s + 2 + j // 2]) >> (4 * (j % 2))) & 0xF
+            ls = lo | (((sh >> (2 * j)) & 3) << 4)
+            out[d + j * 16 + r] = np.uint8((ls - 32) & 0xFF)
+
+
+@njit(cache=True, parallel=True)
+def _repack_kernel(raw, nrows, nblk, src_bytes, dst_bytes, ops, out):
+    row_bytes = nblk * src_bytes
+    zero = np.zeros(src_bytes, dtype=np.uint8)  # padding rows repack a zero block
+    for g in prange((nrows + 15) // 16):
+        for k in range(ops.shape[0]):  # field by field: tight inner loops
+            kind, so, n, do, e = ops[k, 0], ops[k, 1], ops[k, 2], ops[k, 3], ops[k, 4]
+            for b in range(nblk):
+                dst = (g * nblk + b) * dst_bytes + do
+                for r in range(16):
+                    row = g * 16 + r
+                    if row < nrows:
+                        _repack_op(
+                            raw, row * row_bytes + b * src_bytes + so, out, dst, r, kind, n, e
+                        )
+                    else:
+                        _repack_op(zero, so, out, dst, r, kind, n, e)
+
+
+def _check(raw: np.ndarray, lay: Layout, nrows: int, ncols: int) -> None:
+    if ncols % lay.qk:
+        raise ModelError(f"{lay.type.name} row length {ncols} is not a multiple of {lay.qk}")
+    need = nrows * ncols // lay.qk * lay.src_bytes
+    if raw.size < need:
+        raise ModelError(f"{lay.type.name} tensor has {raw.size} bytes, {need} needed")
+
+
+def repack(raw: np.ndarray, t: GGMLType | int, nrows: int, ncols: int, out=None) -> np.ndarray:
+    """Repack a GGUF tensor's bytes (``nrows`` rows of ``ncols`` weights) -> uint8 array."""
+    lay = layout(t)
+    raw = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
+    _check(raw, lay, nrows, ncols)
+    size = repacked_nbytes(t, nrows, ncols)
+    if out is None:
+        out = np.empty(size, dtype=np.uint8)
+    _repack_kernel(raw, nrows, ncols // lay.qk, lay.src_bytes, lay.dst_bytes, lay.ops_array, out)
+    return out
+
+
+# ----------------------------------------------------------------------------- numpy twin
+def _k4_scales_np(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(scales, mins) [..., 8] from packed bytes [..., 12]."""
+    q = q.astype(np.int64)
+    sc = np.empty((*q.shape[:-1], 8), np.int64)
+    mn = np.empty_like(sc)
+    sc[..., :4] = q[..., 0:4] & 63
+    mn[..., :4] = q[..., 4:8] & 63
+    sc[..., 4:] = (q[..., 8:12] & 0xF) | ((q[..., 0:4] >> 6) << 4)
+    mn[..., 4:] = (q[..., 8:12] >> 4) | ((q[..., 4:8] >> 6) << 4)
+    return sc, mn
+
+
+def _q3_scales_np(q: np.ndarray) -> np.ndarray:
+    """Signed scales [..., 16] from Q3_K's packed bytes [..., 12]."""
+    q = q.astype(np.int64)
+    low = np.concatenate([q[..., 0:8] & 0xF, q[..., 0:8] >> 4], axis=-1)
+    j = np.arange(16)
+    high = (q[..., 8 + j % 4] >> (2 * (j // 4))) & 3
+    return (low | (high << 4)) - 32
+
+
+def _iq4xs_scales_np(q: np.ndarray) -> np.ndarray:
+    """Signed scales [..., 8] from IQ4_XS's scales_h (2 bytes) + scales_l (4 bytes)."""
+    q = q.astype(np.int64)
+    sh = q[..., 0] | (q[..., 1] << 8)
+    j = np.arange(8)
+    lo = (q[..., 2 + j // 2] >> (4 * (j % 2))) & 0xF
+    return (lo | (((sh[..., None] >> (2 * j)) & 3) << 4)) - 32
+
+
+def _q5_hbits_np(qh: np.ndarray) -> np.ndarray:
+    """[..., 4] packed high bits -> [..., 4] bytes in chunk order (see ``Q5HB``)."""
+    bits = np.unpackbits(qh, axis=-1, bitorder="little").astype(np.uint8)  # [..., 32]
+    out = np.zeros((*qh.shape[:-1], 4), np.uint8)
+    for j in range(4):
+        for c in range(4):
+            out[..., j] |= bits[..., 4 * c + j] << (2 * c)
+            out[..., j] |= bits[..., 16 + 4 * c + j] << (2 * c + 1)
+    return out
+
+
+def repack_numpy(raw: np.ndarray, t: GGMLType | int, nrows: int, ncols: int) -> np.ndarray:
+    """Vectorized twin of :func:`repack`."""
+    lay = layout(t)
+    raw = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
+    _check(raw, lay, nrows, ncols)
+    nblk, ng = ncols // lay.qk, n_groups(nrows)
+    blocks = np.zeros((ng * GROUP, nblk, lay.src_bytes), np.uint8)
+    blocks[:nrows] = raw[: nrows * nblk * lay.src_bytes].reshape(nrows, nblk, lay.src_bytes)
+    blocks = blocks.reshape(ng, GROUP, nblk, -1).transpose(0, 2, 1, 3)  # [g, b, r, bytes]
+    out = np.zeros((ng, nblk, lay.dst_bytes), np.uint8)
+    for kind, so, n, do, e in lay.ops:
+        f = blocks[..., so : so + n]
+        if kind == ROWS:
+            v = f
+        elif kind in (CHUNK4, XOR80):
+            v = f.reshape(ng, nblk, GROUP, n // 4, 4).transpose(0, 1, 3, 2, 4)
+            v = v ^ np.uint8(0x80) if kind == XOR80 else v
+        elif kind == T:
+            v = f.reshape(ng, nblk, GROUP, n // e, e).transpose(0, 1, 3, 2, 4)
+        elif kind == Q5HB:
+            v = _q5_hbits_np(f)
+        elif kind == K4SC:
+            sc, mn = _k4_scales_np(f)
+            v = np.concatenate([sc.swapaxes(-1, -2), mn.swapaxes(-1, -2)], axis=-2)
+        elif kind == Q3SC:
+            v = _q3_scales_np(f).swapaxes(-1, -2)
+        else:  # IQ4XSSC
+            v = _iq4xs_scales_np(f).swapaxes(-1, -2)
+        v = np.ascontiguousarray(v).astype(np.uint8).reshape(ng, nblk, -1)
+        out[:, :, do : do + v.shape[-1]] = v
+    return out.reshape(-1)
+
+
+def unpack_fields(packed: np.ndarray, t: GGMLType | int, nrows: int, ncols: int) -> dict:
+    """Per-row fields of a repacked tensor, each ``[nrows, nblk, ...]`` in GGUF element order.
+
+    Names: ``f<src_off>`` for copied fields (bytes, as in the GGUF block), ``hb`` (Q5 high
+    bits as a [..., 32] 0/1 array), ``sc``/``mn`` (K-quant sub-block scales and mins),
+    ``sc`` (Q3_K / IQ4_XS signed scales).
+    """
+    lay = layout(t)
+    nblk, ng = ncols // lay.qk, n_groups(nrows)
+    p = np.asarray(packed, np.uint8)[: ng * nblk * lay.dst_bytes].reshape(ng, nblk, -1)
+    fields = {}
+
+    def rows(v):  # [g, b, r, ...] -> [rows, b, ...]
+        v = np.moveaxis(v, 2, 1)
+        return v.reshape(ng * GROUP, nblk, *v.shape[3:])[:nrows]
+
+    for kind, so, n, do, e in lay.ops:
+        if kind == ROWS:
+            fields[f"f{so}"] = rows(p[:, :, do : do + GROUP * n].reshape(ng, nblk, GROUP, n))
+        elif kind in (CHUNK4, XOR80):
+            v = p[:, :, do : do + GROUP * n].reshape(ng, nblk, n // 4, GROUP, 4)
+            v = v.transpose(0, 1, 3, 2, 4).reshape(ng, nblk, GROUP, n)
+            fields[f"f{so}"] = rows(v ^ np.uint8(0x80) if kind == XOR80 else v)
+        elif kind == T:
+            v = p[:, :, do : do + GROUP * n].reshape(ng, nblk, n // e, GROUP, e)
+            fields[f"f{so}"] = rows(v.transpose(0, 1, 3, 2, 4).reshape(ng, nblk, GROUP, n))
+        elif kind == Q5HB:
+            v = rows(p[:, :, do : do + 64].reshape(ng, nblk, GROUP, 4)).astype(np.int64)
+            hb = np.zeros((*v.shape[:-1], 32), np.int64)
+            for j in range(4):
+                for c in range(4):
+                    hb[..., 4 * c + j] = (v[..., j] >> (2 * c)) & 1
+                    hb[..., 16 + 4 * c + j] = (v[..., j] >> (2 * c + 1)) & 1
+            fields["hb"] = hb
+        elif kind == K4SC:
+            v = p[:, :, do : do + 256].reshape(ng, nblk, 2, 8, GROUP).transpose(0, 1, 4, 2, 3)
+            v = rows(v).astype(np.int64)
+            fields["sc"], fields["mn"] = v[..., 0, :], v[..., 1, :]
+        else:  # Q3SC, IQ4XSSC: signed bytes [sub][row]
+            nsub = 16 if kind == Q3SC else 8
+            v = p[:, :, do : do + nsub * GROUP].reshape(ng, nblk, nsub, GROUP)
+            fields["sc"] = rows(v.transpose(0, 1, 3, 2)).view(np.int8).astype(np.int64)
+    return fields

@@ -1,0 +1,341 @@
+"""Block kernels of the 32-weight formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) x q8,
+with ggml's float accumulation order, so results are bit-identical to llama.cpp's.
+
+ggml's x86 ``vec_dot`` of these formats keeps 8 float lanes per dot product; lane ``j`` gets,
+block after block, ``fma(d_w*d_x, (float) sum of products of elements 4j..4j+3, lane)``
+(elements 0..15 are the low nibbles, 16..31 the high ones), and the result is the lanes'
+``hsum_float_8`` (plus ``sum(m * s)`` for the formats with a min; IQ4_NL alternates two
+lane sets between even and odd blocks). Here lane vectors run across 16 rows: an accumulator
+is a tuple of 8 (IQ4_NL: 16) ``f32x16`` plus one for the min term, and ``vpdpbusd`` of one
+64-byte chunk gives exactly one ggml lane for 16 rows.
+
+Weights are unsigned bytes for ``vpdpbusd`` (u8 x s8): nibbles as they are, Q8_0 and IQ4_NL
+values offset by +128 (at repack / in the lookup table); offsets are taken back per lane with
+the activation sums of 4 (``xb``), used as the dot product's starting value.
+
+Per format: ``<fmt>_t1(w, o, A, t, b, nb, acc)`` adds group block ``w[o:]`` (16 rows x 32)
+times token ``t``'s block ``b`` (of ``nb``); ``<fmt>_t2`` does tokens ``t`` and ``t+1``,
+decoding the weights once; ``zero()``/``fin(acc)`` (IQ4_NL: ``zero18``/``fin18``) start and
+finish an accumulator. ``A`` is the activation
+tuple ``(xq, xd, xs, xb, xqk, xdk, xbk, xf)`` of :mod:`.quantize_act`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .dequant import KVALUES_IQ4NL
+from .simd import (
+    vand_k,
+    vbcast4,
+    vcvt,
+    vdpbusd,
+    vfma,
+    vload_f16,
+    vload_i32,
+    vshuffle_bytes,
+    vsll,
+    vsplat_f32,
+    vsplat_i32,
+    vsrl,
+    vzero_f32,
+)
+
+_M4 = 0x0F0F0F0F
+# IQ4_NL values + 128 as unsigned bytes, the 16-byte table repeated in each 128-bit lane
+IQ4NL_TABLE = np.tile((KVALUES_IQ4NL.astype(np.int16) + 128).astype(np.uint8), 4)
+
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL = 2, 3, 6, 7, 8, 20
+
+
+@njit(cache=True, inline="always")
+def _nib(v):
+    return vand_k(v, _M4), vand_k(vsrl(v, 4), _M4)
+
+
+@njit(cache=True, inline="always")
+def zero():
+    z = vzero_f32()
+    return (z, z, z, z, z, z, z, z, z)
+
+
+@njit(cache=True, inline="always")
+def zero18():
+    z = vzero_f32()
+    return (z, z, z, z, z, z, z, z, z, z, z, z, z, z, z, z, z, z)
+
+
+@njit(cache=True, inline="always")
+def _hsum8(a0, a1, a2, a3, a4, a5, a6, a7):
+    """ggml's hsum_float_8 lane order, for 16 rows at once."""
+    return ((a4 + a0) + (a6 + a2)) + ((a5 + a1) + (a7 + a3))
+
+
+@njit(cache=True, inline="always")
+def fin(a):
+    return _hsum8(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]) + a[8]
+
+
+@njit(cache=True, inline="always")
+def fin18(a):
+    h = _hsum8(
+        a[0] + a[8],
+        a[1] + a[9],
+        a[2] + a[10],
+        a[3] + a[11],
+        a[4] + a[12],
+        a[5] + a[13],
+        a[6] + a[14],
+        a[7] + a[15],
+    )
+    return vfma(a[16], a[17], h)
+
+
+# ----------------------------------------------------------------------------- weights
+@njit(cache=True, inline="always")
+def _weights(fmt, w, o, c):
+    """The two u8 weight vectors (lanes c and 4+c) of chunk ``c`` (0..3) of a nibble format."""
+    if fmt in (Q4_0, IQ4_NL):
+        lo, hi = _nib(vload_i32(w, o + 32 + 64 * c))
+        if fmt == IQ4_NL:
+            table = vload_i32(IQ4NL_TABLE, 0)
+            lo, hi = vshuffle_bytes(table, lo), vshuffle_bytes(table, hi)
+        return lo, hi
+    if fmt == Q4_1:
+        return _nib(vload_i32(w, o + 64 + 64 * c))
+    ho = o + (32 if fmt == Q5_0 else 64)
+    lo, hi = _nib(vload_i32(w, ho + 64 + 64 * c))
+    h = vload_i32(w, ho)
+    lo = lo | vsll(vand_k(vsrl(h, 2 * c), 0x01010101), 4)
+    hi = hi | vsll(vand_k(vsrl(h, 2 * c + 1), 0x01010101), 4)
+    return lo, hi
+
+
+@njit(cache=True, inline="always")
+def _offset(fmt):
+    if fmt == Q4_0:
+        return 8
+    if fmt == Q5_0:
+        return 16
+    if fmt in (Q8_0, IQ4_NL):
+        return 128
+    return 0
+
+
+@njit(cache=True, inline="always")
+def _lane(fmt, lane_w, A, t, b, j):
+    """The int32 lane ``j`` of token ``t``'s block ``b`` (sum of 4 products, offset removed)."""
+    k = _offset(fmt)
+    init = vsplat_i32(-k * A[3][t, 8 * b + j])
+    xi = t * A[0].shape[1] + 32 * b + 4 * j
+    return vdpbusd(init, lane_w, vbcast4(A[0], xi))
+
+
+@njit(cache=True, inline="always")
+def _scale(fmt, w, o, A, t, b):
+    return vload_f16(w, o) * vsplat_f32(A[1][t, b])
+
+
+@njit(cache=True, inline="always")
+def _step(fmt, w, o, A, t, b, a):
+    """Add one block of one token to the accumulator tuple ``a`` (nibble formats)."""
+    dd = _scale(fmt, w, o, A, t, b)
+    a0, a1, a2, a3, a4, a5, a6, a7, sm = a
+    lo, hi = _weights(fmt, w, o, 0)
+    a0 = vfma(dd, vcvt(_lane(fmt, lo, A, t, b, 0)), a0)
+    a4 = vfma(dd, vcvt(_lane(fmt, hi, A, t, b, 4)), a4)
+    lo, hi = _weights(fmt, w, o, 1)
+    a1 = vfma(dd, vcvt(_lane(fmt, lo, A, t, b, 1)), a1)
+    a5 = vfma(dd, vcvt(_lane(fmt, hi, A, t, b, 5)), a5)
+    lo, hi = _weights(fmt, w, o, 2)
+    a2 = vfma(dd, vcvt(_lane(fmt, lo, A, t, b, 2)), a2)
+    a6 = vfma(dd, vcvt(_lane(fmt, hi, A, t, b, 6)), a6)
+    lo, hi = _weights(fmt, w, o, 3)
+    a3 = vfma(dd, vcvt(_lane(fmt, lo, A, t, b, 3)), a3)
+    a7 = vfma(dd, vcvt(_lane(fmt, hi, A, t, b, 7)), a7)
+    if fmt in (Q4_1, Q5_1):
+        # summs += m * s: one rounding per product and one per sum (as compiled by gcc)
+        sm = sm + vload_f16(w, o + 32) * vsplat_f32(A[2][t, b])
+    return (a0, a1, a2, a3, a4, a5, a6, a7, sm)
+
+
+@njit(cache=True, inline="always")
+def _step2(fmt, w, o, A, t, b, a, c):
+    """Two tokens ``t``, ``t+1``: weights decoded once per chunk."""
+    da = _scale(fmt, w, o, A, t, b)
+    dc = _scale(fmt, w, o, A, t + 1, b)
+    a0, a1, a2, a3, a4, a5, a6, a7, sa = a
+    c0, c1, c2, c3, c4, c5, c6, c7, sc = c
+    lo, hi = _weights(fmt, w, o, 0)
+    a0 = vfma(da, vcvt(_lane(fmt, lo, A, t, b, 0)), a0)
+    a4 = vfma(da, vcvt(_lane(fmt, hi, A, t, b, 4)), a4)
+    c0 = vfma(dc, vcvt(_lane(fmt, lo, A, t + 1, b, 0)), c0)
+    c4 = vfma(dc, vcvt(_lane(fmt, hi, A, t + 1, b, 4)), c4)
+    lo, hi = _weights(fmt, w, o, 1)
+    a1 = vfma(da, vcvt(_lane(fmt, lo, A, t, b, 1)), a1)
+    a5 = vfma(da, vcvt(_lane(fmt, hi, A, t, b, 5)), a5)
+    c1 = vfma(dc, vcvt(_lane(fmt, lo, A, t + 1, b, 1)), c1)
+    c5 = vfma(dc, vcvt(_lane(fmt, hi, A, t + 1, b, 5)), c5)
+    lo, hi = _weights(fmt, w, o, 2)
+    a2 = vfma(da, vcvt(_lane(fmt, lo, A, t, b, 2)), a2)
+    a6 = vfma(da, vcvt(_lane(fmt, hi, A, t, b, 6)), a6)
+    c2 = vfma(dc, vcvt(_lane(fmt, lo, A, t + 1, b, 2)), c2)
+    c6 = vfma(dc, vcvt(_lane(fmt, hi, A, t + 1, b, 6)), c6)
+    lo, hi = _weights(fmt, w, o, 3)
+    a3 = vfma(da, vcvt(_lane(fmt, lo, A, t, b, 3)), a3)
+    a7 = vfma(da, vcvt(_lane(fmt, hi, A, t, b, 7)), a7)
+    c3 = vfma(dc, vcvt(_lane(fmt, lo, A, t + 1, b, 3)), c3)
+    c7 = vfma(dc, vcvt(_lane(fmt, hi, A, t + 1, b, 7)), c7)
+    if fmt in (Q4_1, Q5_1):
+        m = vload_f16(w, o + 32)
+        sa = sa + m * vsplat_f32(A[2][t, b])
+        sc = sc + m * vsplat_f32(A[2][t + 1, b])
+    return (a0, a1, a2, a3, a4, a5, a6, a7, sa), (c0, c1, c2, c3, c4, c5, c6, c7, sc)
+
+
+# ----------------------------------------------------------------------------- Q8_0
+@njit(cache=True, inline="always")
+def _q8_step(w, o, A, t, b, a):
+    dd = _scale(Q8_0, w, o, A, t, b)
+    a0, a1, a2, a3, a4, a5, a6, a7, sm = a
+    a0 = vfma(dd, vcvt(_lane(Q8_0, vload_i32(w, o + 32), A, t, b, 0)), a0)
+    a1 = vfma(dd, vcvt(_lane(Q8_0, vload_i32(w, o + 96), A, t, b, 1)), a1)
+    a2 = vfma(dd, vcvt(_lane(Q8_0, vload_i32(w, o + 160), A, t, b, 2)), a2)
+    a3 = vfma(dd, vcvt(_lane(Q8_0, vload_i32(w, o + 224), A, t, b, 3)), a3)
+    a4 = vfma(dd, vcvt(_lane(Q8_0, vload_i32(w, o + 288), A, t, b, 4)), a4)
+    a5 = vfma(dd, vcvt(_lane(Q8_0, vload_i32(w, o + 352), A, t, b, 5)), a5)
+    a6 = vfma(dd, vcvt(_lane(Q8_0, vload_i32(w, o + 416), A, t, b, 6)), a6)
+    a7 = vfma(dd, vcvt(_lane(Q8_0, vload_i32(w, o + 480), A, t, b, 7)), a7)
+    return (a0, a1, a2, a3, a4, a5, a6, a7, sm)
+
+
+# ----------------------------------------------------------------------------- entry points
+@njit(cache=True, inline="always")
+def q4_0_t1(w, o, A, t, b, nb, a):
+    return _step(Q4_0, w, o, A, t, b, a)
+
+
+@njit(cache=True, inline="always")
+def q4_0_t2(w, o, A, t, b, nb, a, c):
+    return _step2(Q4_0, w, o, A, t, b, a, c)
+
+
+@njit(cache=True, inline="always")
+def q4_1_t1(w, o, A, t, b, nb, a):
+    return _step(Q4_1, w, o, A, t, b, a)
+
+
+@njit(cache=True, inline="always")
+def q4_1_t2(w, o, A, t, b, nb, a, c):
+    return _step2(Q4_1, w, o, A, t, b, a, c)
+
+
+@njit(cache=True, inline="always")
+def q5_0_t1(w, o, A, t, b, nb, a):
+    return _step(Q5_0, w, o, A, t, b, a)
+
+
+@njit(cache=True, inline="always")
+def q5_0_t2(w, o, A, t, b, nb, a, c):
+    return _step2(Q5_0, w, o, A, t, b, a, c)
+
+
+@njit(cache=True, inline="always")
+def q5_1_t1(w, o, A, t, b, nb, a):
+    return _step(Q5_1, w, o, A, t, b, a)
+
+
+@njit(cache=True, inline="always")
+def q5_1_t2(w, o, A, t, b, nb, a, c):
+    return _step2(Q5_1, w, o, A, t, b, a, c)
+
+
+@njit(cache=True, inline="always")
+def q8_0_t1(w, o, A, t, b, nb, a):
+    return _q8_step(w, o, A, t, b, a)
+
+
+@njit(cache=True, inline="always")
+def q8_0_t2(w, o, A, t, b, nb, a, c):
+    return _q8_step(w, o, A, t, b, a), _q8_step(w, o, A, t + 1, b, c)
+
+
+@njit(cache=True, inline="always")
+def iq4_nl_t1(w, o, A, t, b, nb, a):
+    """IQ4_NL: ggml alternates two lane sets (even blocks: slots 0..7, odd: 8..15); with an
+    odd block count the last block is summed apart, ``d * isum`` (slots 16, 17)."""
+    if b == nb - 1 and nb % 2 == 1:
+        dd = _scale(IQ4_NL, w, o, A, t, b)
+        s = vsplat_i32(0)
+        for c in range(4):
+            lo, hi = _weights(IQ4_NL, w, o, c)
+            s = s + _lane(IQ4_NL, lo, A, t, b, c) + _lane(IQ4_NL, hi, A, t, b, 4 + c)
+        return (
+            a[0],
+            a[1],
+            a[2],
+            a[3],
+            a[4],
+            a[5],
+            a[6],
+            a[7],
+            a[8],
+            a[9],
+            a[10],
+            a[11],
+            a[12],
+            a[13],
+            a[14],
+            a[15],
+            dd,
+            vcvt(s),
+        )
+    if b % 2 == 0:
+        e = _step(IQ4_NL, w, o, A, t, b, (a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[16]))
+        return (
+            e[0],
+            e[1],
+            e[2],
+            e[3],
+            e[4],
+            e[5],
+            e[6],
+            e[7],
+            a[8],
+            a[9],
+            a[10],
+            a[11],
+            a[12],
+            a[13],
+            a[14],
+            a[15],
+            a[16],
+            a[17],
+        )
+    d = _step(IQ4_NL, w, o, A, t, b, (a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16]))
+    return (
+        a[0],
+        a[1],
+        a[2],
+        a[3],
+        a[4],
+        a[5],
+        a[6],
+        a[7],
+        d[0],
+        d[1],
+        d[2],
+        d[3],
+        d[4],
+        d[5],
+        d[6],
+        d[7],
+        a[16],
+        a[17],
+    )
+
+
+@njit(cache=True, inline="always")
+def iq4_nl_t2(w, o, A, t, b, nb, a, c):
+    return iq4_nl_t1(w, o, A, t, b, nb, a), iq4_nl_t1(w, o, A, t + 1, b, nb, c)

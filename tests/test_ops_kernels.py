@@ -1,0 +1,150 @@
+"""Norm, rope, SwiGLU and attention kernels vs their numpy twins."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from llamacpy.ops import activations, attention, norm, rope
+from llamacpy.ops import attention_ref as AR
+from llamacpy.ops.attention import KV_F16, KV_F32, KV_Q8_0
+
+F32 = np.float32
+
+
+def test_rms_norm_matches_twin() -> None:
+    x = np.random.default_rng(0).standard_normal((3, 96)).astype(F32) * 3
+    w = np.random.default_rng(1).standard_normal(96).astype(F32)
+    out = np.zeros_like(x)
+    norm.rms_norm(x, 0, 3, 96, w, F32(1e-5), out)
+    np.testing.assert_array_equal(out, norm.rms_norm_numpy(x, w, 1e-5))
+
+
+def test_swiglu_matches_twin_and_silu() -> None:
+    g = np.random.default_rng(2).standard_normal((2, 64)).astype(F32) * 8
+    g[0, :4] = [0.0, -100.0, 100.0, -1e-30]
+    u = np.random.default_rng(3).standard_normal((2, 64)).astype(F32)
+    out = np.zeros_like(g)
+    activations.swiglu(g, u, 0, 2, 0, 64, out)
+    np.testing.assert_array_equal(out, activations.swiglu_numpy(g, u))
+    exact = g / (1 + np.exp(-g.astype(np.float64))) * u
+    np.testing.assert_allclose(out, exact, rtol=1e-5, atol=1e-30)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        rope.RopeParams(64),
+        rope.RopeParams(64, neox=True, freq_base=100000.0),
+        rope.RopeParams(32, freq_scale=0.25),
+        rope.RopeParams(64, freq_scale=0.25, ext_factor=1.0, attn_factor=0.9, n_ctx_orig=4096),
+    ],
+    ids=["normal", "neox", "linear", "yarn"],
+)
+def test_rope_matches_twin(params: rope.RopeParams) -> None:
+    hd, nh = 64, 3
+    x = np.random.default_rng(4).standard_normal((5, nh * hd)).astype(F32)
+    pos = np.array([0, 1, 7, 100, 4000], np.int32)
+    ff = np.linspace(1, 8, params.n_rot // 2).astype(F32)
+    for factors in (None, ff):
+        got = x.copy()
+        cache = np.zeros(params.n_rot, F32)
+        f = np.zeros(0, F32) if factors is None else factors
+        for t, p in enumerate(pos):
+            rope.rope_cache(int(p), params.packed(), f, cache)
+            rope.rope_apply(got, t, 0, nh, hd, cache, params.n_rot, params.neox)
+        want = rope.rope_numpy(x.reshape(5, nh, hd), pos, params, factors)
+        np.testing.assert_array_equal(got.reshape(5, nh, hd), want)
+
+
+def test_rope_position_zero_is_identity_and_rotation_preserves_norm() -> None:
+    p = rope.RopeParams(64)
+    x = np.random.default_rng(5).standard_normal((1, 64)).astype(F32)
+    cache = np.zeros(64, F32)
+    rope.rope_cache(0, p.packed(), np.zeros(0, F32), cache)
+    y = x.copy()
+    rope.rope_apply(y, 0, 0, 1, 64, cache, 64, False)
+    np.testing.assert_array_equal(y, x)
+    rope.rope_cache(123, p.packed(), np.zeros(0, F32), cache)
+    rope.rope_apply(y, 0, 0, 1, 64, cache, 64, False)
+    assert np.linalg.norm(y) == pytest.approx(np.linalg.norm(x), rel=1e-5)
+
+
+def _cache(rng, kv_type: int, n_kv: int, hd: int, nkv: int):
+    rb = attention.kv_row_bytes(kv_type, hd)
+    kc = np.zeros((nkv, n_kv, rb), np.uint8)
+    vc = np.zeros_like(kc)
+    keys = rng.standard_normal((nkv, n_kv, hd)).astype(F32)
+    vals = rng.standard_normal((nkv, n_kv, hd)).astype(F32)
+    for h in range(nkv):
+        for c in range(n_kv):
+            attention.store_row(keys[h, c], 0, hd, kv_type, kc[h, c], 0)
+            attention.store_row(vals[h, c], 0, hd, kv_type, vc[h, c], 0)
+    return kc, vc
+
+
+@pytest.mark.parametrize("kv_type", [KV_F16, KV_F32, KV_Q8_0], ids=["f16", "f32", "q8_0"])
+@pytest.mark.parametrize("mode", [0, 1, 2], ids=["rows", "tiled", "split"])
+def test_attention_matches_twin(kv_type: int, mode: int) -> None:
+    if mode and kv_type == KV_Q8_0:
+        pytest.skip("the tiled and split paths are for f16/f32 caches (as in ggml)")
+    rng = np.random.default_rng(6)
+    nh, nkv, hd, n_kv = 4, 2, 64, 96 if mode != 2 else 600
+    n = 1 if mode == 2 else 20
+    kc, vc = _cache(rng, kv_type, n_kv, hd, nkv)
+    q = rng.standard_normal((n, nh * hd)).astype(F32)
+    mask = np.zeros((n, n_kv), np.uint8)
+    for t in range(n):  # a causal-looking pattern with holes
+        mask[t, : n_kv - n + t + 1] = 1
+        mask[t, 3::7] = 0
+    nth = 2 if mode == 2 else 1
+    keys = np.stack([AR.load_rows_numpy(kc[h], hd, kv_type) for h in range(nkv)])
+    vals = np.stack([AR.load_rows_numpy(vc[h], hd, kv_type) for h in range(nkv)])
+    want = AR.attention_numpy(
+        q.reshape(n, nh, hd), keys, vals, mask, kv_type, kv_type, mode, nth, F32(0.125)
+    )
+    out = np.zeros((n, nh * hd), F32)
+    qv, qq, vb, res = (
+        np.zeros(hd, F32),
+        np.zeros(hd, np.int32),
+        np.zeros(hd, F32),
+        np.zeros(hd, F32),
+    )
+    args = (nh, nh // nkv, hd, F32(0.125), kv_type)
+    rb = kc.shape[2]
+    kv = (kc.reshape(-1), vc.reshape(-1), 0, n_kv * rb)  # flat caches, layer base, head stride
+    if mode == 0:
+        attention.attention_rows(
+            0, 1, n, n_kv, *args, kv_type, rb, q, *kv, mask, out, qv, qq, vb, res
+        )
+    elif mode == 1:
+        attention.attention_tiled(
+            0,
+            1,
+            n,
+            n_kv,
+            *args,
+            rb,
+            q,
+            *kv,
+            mask,
+            out,
+            np.zeros((hd, 64), F32),
+            np.zeros((64, hd), F32),
+            np.zeros(64, F32),
+            np.zeros(32, F32),
+        )
+    else:  # the two phases of the split, threads played one after the other
+        pm, ps, pv = (
+            np.zeros((nh, nth), F32),
+            np.zeros((nh, nth), F32),
+            np.zeros((nh, nth, hd), F32),
+        )
+        for tid in range(nth):
+            attention.attention_split_partial(
+                tid, nth, n_kv, *args, kv_type, rb, q, *kv, mask, qv, qq, vb, res, pm, ps, pv
+            )
+        for tid in range(nth):
+            attention.attention_split_merge(tid, nth, nh, hd, pm, ps, pv, out, res)
+    tol = 1e-5
+    np.testing.assert_allclose(out.reshape(n, nh, hd), want, rtol=0, atol=tol)

@@ -1,0 +1,107 @@
+"""Quantized matmul kernels vs their float64 numpy twin, activation quantization vs its
+twin, and the batch invariance the engine relies on (a token's result does not depend on
+the other tokens of the ubatch)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from llamacpy.gguf import GGMLType
+from llamacpy.models.tiny import random_tensor
+from llamacpy.ops import formats, quantize_act
+from llamacpy.ops import matmul as M
+
+TYPES = list(formats.SUPPORTED_TYPES)
+ALL = M.FormatSet(TYPES)  # one compiled dispatcher for every test
+
+
+def _weights(t: GGMLType, nrows: int, ncols: int, seed: int = 0):
+    raw = random_tensor(np.random.default_rng(seed), t, nrows, ncols)
+    packed = formats.repack(raw, t, nrows, ncols)
+    desc = np.array([int(t), 0, nrows, ncols], np.int64)
+    return packed, desc
+
+
+def _run(packed, desc, x: np.ndarray, t0: int, t1: int, g0: int, g1: int, out=None):
+    n, k = x.shape
+    a = M.new_acts(n, k)
+    M.prepare_acts(x, 0, n, k, M.act_need([GGMLType(int(desc[0]))]), a)
+    if out is None:
+        out = np.zeros((n, formats.n_groups(int(desc[2])) * 16), np.float32)
+    M.matmul(ALL, packed, desc, a, t0, t1, g0, g1, out, t0, False)
+    return out
+
+
+@pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
+def test_matmul_matches_numpy_twin(t: GGMLType) -> None:
+    nrows, ncols = 40, 512  # 3 row groups, the last one padded
+    packed, desc = _weights(t, nrows, ncols)
+    x = np.random.default_rng(1).standard_normal((7, ncols)).astype(np.float32)
+    out = _run(packed, desc, x, 0, 7, 0, 3)[:, :nrows]
+    ref = M.matmul_numpy(packed, t, nrows, ncols, x)
+    tol = 2e-5 * np.abs(ref).max()
+    np.testing.assert_allclose(out, ref, rtol=0, atol=tol)
+
+
+@pytest.mark.parametrize(
+    "t",
+    [GGMLType.Q4_1, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.IQ4_NL, GGMLType.F16],
+    ids=lambda t: t.name,
+)
+def test_results_do_not_depend_on_batch_or_row_split(t: GGMLType) -> None:
+    nrows, ncols = 64, 768 if formats.LAYOUTS[t].qk == 256 else 96
+    packed, desc = _weights(t, nrows, ncols, seed=5)
+    x = np.random.default_rng(2).standard_normal((6, ncols)).astype(np.float32)
+    together = _run(packed, desc, x, 0, 6, 0, 4)
+    for i in range(6):  # one token at a time, row groups in two calls
+        out = np.zeros_like(together)
+        _run(packed, desc, x, i, i + 1, 0, 1, out)
+        _run(packed, desc, x, i, i + 1, 1, 4, out)
+        np.testing.assert_array_equal(out[i], together[i])
+
+
+def test_accumulate_mode_adds_to_output() -> None:
+    packed, desc = _weights(GGMLType.Q4_0, 32, 64)
+    x = np.random.default_rng(3).standard_normal((2, 64)).astype(np.float32)
+    base = np.full((2, 32), 1.5, np.float32)
+    a = M.new_acts(2, 64)
+    M.prepare_acts(x, 0, 2, 64, M.NEED_Q8, a)
+    plain = _run(packed, desc, x, 0, 2, 0, 2)
+    M.matmul(ALL, packed, desc, a, 0, 2, 0, 2, base, 0, True)
+    np.testing.assert_array_equal(base, np.float32(1.5) + plain)
+
+
+def test_q8_quantization_matches_twin() -> None:
+    x = np.random.default_rng(4).standard_normal((5, 256)).astype(np.float32)
+    x[1, :32] = 0  # an all-zero block
+    xq, xd, xs, xb = (
+        np.zeros((5, 256), np.int8),
+        np.zeros((5, 8), np.float32),
+        np.zeros((5, 8), np.float32),
+        np.zeros((5, 64), np.int32),
+    )
+    quantize_act.quantize_q8(x, 0, 5, 256, xq, xd, xs, xb)
+    for got, want in zip((xq, xd, xs, xb), quantize_act.quantize_q8_numpy(x)):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_q8k_quantization_matches_twin() -> None:
+    x = np.random.default_rng(5).standard_normal((3, 512)).astype(np.float32)
+    x[2, 256:] = 0
+    xq, xd, xb = (
+        np.zeros((3, 512), np.int8),
+        np.zeros((3, 2), np.float32),
+        np.zeros((3, 32), np.int32),
+    )
+    quantize_act.quantize_q8k(x, 0, 3, 512, xq, xd, xb)
+    for got, want in zip((xq, xd, xb), quantize_act.quantize_q8k_numpy(x)):
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("mode", [2, 3, 4])
+def test_float_activation_rounding_matches_twin(mode: int) -> None:
+    x = np.random.default_rng(6).standard_normal((2, 64)).astype(np.float32) * 100
+    out = np.zeros_like(x)
+    quantize_act.round_activations(x, 0, 2, 64, mode, out)
+    np.testing.assert_array_equal(out, quantize_act.round_activations_numpy(x, mode))
