@@ -16,7 +16,17 @@ from .. import __version__
 from ..errors import LlamacpyError
 
 # subcommand modules, in help order
-SUBCOMMANDS = ["gguf", "models", "quantize", "tokenize", "convert"]
+SUBCOMMANDS = [
+    "run",
+    "chat",
+    "bench",
+    "perplexity",
+    "gguf",
+    "models",
+    "quantize",
+    "tokenize",
+    "convert",
+]
 
 
 class _Parser(argparse.ArgumentParser):

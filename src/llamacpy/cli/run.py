@@ -1,0 +1,252 @@
+"""``llamacpy run``: complete a prompt, like ``llama-completion -no-cnv``.
+
+The generated text goes to stdout as it is produced (and nothing else does); at the end
+llama.cpp's timing lines (load, prompt eval, eval: ms per token and tokens per second) go to
+stderr. ``-n -1`` generates until an end-of-generation token or a full context; a full
+context ends the run unless ``--context-shift`` is given (then llama.cpp's shift keeps the
+first ``--keep`` prompt tokens and drops half of the rest). The sampler flags are
+llama.cpp's; this module also defines them for ``llamacpy chat``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..errors import UsageError
+
+# flag -> (SamplingParams field, type, help)
+_SAMPLING_FLAGS: list[tuple[tuple[str, ...], str, type, str]] = [
+    (("-s", "--seed"), "seed", int, "RNG seed (default: -1, random)"),
+    (("--temp", "--temperature"), "temp", float, "temperature (default: 0.8; <= 0: greedy)"),
+    (("--top-k",), "top_k", int, "top-k sampling (default: 40, 0 = disabled)"),
+    (("--top-p",), "top_p", float, "top-p sampling (default: 0.95, 1.0 = disabled)"),
+    (("--min-p",), "min_p", float, "min-p sampling (default: 0.05, 0.0 = disabled)"),
+    (("--typical", "--typical-p"), "typ_p", float, "locally typical sampling (default: 1.0)"),
+    (("--top-nsigma", "--top-n-sigma"), "top_n_sigma", float, "top-n-sigma (default: -1)"),
+    (("--xtc-probability",), "xtc_probability", float, "XTC probability (default: 0.0)"),
+    (("--xtc-threshold",), "xtc_threshold", float, "XTC threshold (default: 0.1)"),
+    (("--repeat-last-n",), "penalty_last_n", int, "tokens to penalize (default: 64, -1 = ctx)"),
+    (("--repeat-penalty",), "penalty_repeat", float, "repeat penalty (default: 1.0)"),
+    (("--presence-penalty",), "penalty_present", float, "presence penalty (default: 0.0)"),
+    (("--frequency-penalty",), "penalty_freq", float, "frequency penalty (default: 0.0)"),
+    (("--dry-multiplier",), "dry_multiplier", float, "DRY multiplier (default: 0.0)"),
+    (("--dry-base",), "dry_base", float, "DRY base (default: 1.75)"),
+    (("--dry-allowed-length",), "dry_allowed_length", int, "DRY allowed length (default: 2)"),
+    (("--dry-penalty-last-n",), "dry_penalty_last_n", int, "DRY last n (-1 = context size)"),
+    (("--dynatemp-range",), "dynatemp_range", float, "dynamic temperature range (default: 0)"),
+    (("--dynatemp-exp",), "dynatemp_exponent", float, "dynamic temperature exponent"),
+    (("--mirostat",), "mirostat", int, "mirostat: 0 off, 1 v1, 2 v2 (default: 0)"),
+    (("--mirostat-lr",), "mirostat_eta", float, "mirostat learning rate eta (default: 0.1)"),
+    (("--mirostat-ent",), "mirostat_tau", float, "mirostat target entropy tau (default: 5.0)"),
+    (("--adaptive-target",), "adaptive_target", float, "adaptive-p target (default: -1)"),
+    (("--adaptive-decay",), "adaptive_decay", float, "adaptive-p decay (default: 0.9)"),
+    (("--min-keep",), "min_keep", int, "minimum candidates kept by samplers (default: 0)"),
+]
+
+
+def add_model_args(p: argparse.ArgumentParser, *, n_ctx: int = 0) -> None:
+    """Model and context flags shared by run and chat."""
+    p.add_argument("-m", "--model", required=True, help="model path or registry name")
+    p.add_argument("-c", "--ctx-size", type=int, default=n_ctx,
+                   help=f"context size (default: {n_ctx}, 0 = from the model)")  # fmt: skip
+    p.add_argument("-b", "--batch-size", type=int, default=2048, help="logical batch size")
+    p.add_argument("-ub", "--ubatch-size", type=int, default=512, help="physical batch size")
+    p.add_argument("-t", "--threads", type=int, default=0, help="threads (default: cores)")
+    p.add_argument("-tb", "--threads-batch", type=int, default=0,
+                   help="threads for prompt processing (default: same as --threads)")  # fmt: skip
+    p.add_argument("-ctk", "--cache-type-k", default="f16", help="KV cache type of K")
+    p.add_argument("-ctv", "--cache-type-v", default="f16", help="KV cache type of V")
+    p.add_argument("--no-mmap", dest="mmap", action="store_false", help="read, do not map")
+    p.add_argument("--mlock", action="store_true", help="keep the model in RAM")
+    p.add_argument("-v", "--verbose", action="store_true", help="print model/sampler info")
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    """llama.cpp's sampler flags (unset ones take the model's general.sampling.* or the
+    llama.cpp defaults)."""
+    g = p.add_argument_group("sampling")
+    for flags, dest, typ, text in _SAMPLING_FLAGS:
+        g.add_argument(*flags, dest=f"s_{dest}", type=typ, default=None, metavar="N", help=text)
+    g.add_argument("--samplers", default=None, help="';'-separated sampler names, in order")
+    g.add_argument("--sampler-seq", "--sampling-seq", default=None,
+                   help="sampler order as characters, e.g. edskypmxt")  # fmt: skip
+    g.add_argument("--dry-sequence-breaker", action="append", default=None,
+                   help="DRY sequence breaker (repeatable; 'none' for none)")  # fmt: skip
+    g.add_argument("-l", "--logit-bias", action="append", default=[],
+                   metavar="TOKEN_ID(+/-)BIAS", help="e.g. 15043+1 or 15043-inf")  # fmt: skip
+    g.add_argument("--ignore-eos", action="store_true", help="keep generating past EOS")
+
+
+def _logit_bias(spec: str) -> tuple[int, float]:
+    for i in range(1, len(spec)):
+        if spec[i] in "+-" and spec[:i].strip().lstrip("-").isdigit():
+            try:
+                bias = float(spec[i + 1 :])
+            except ValueError:
+                break
+            return int(spec[:i]), -bias if spec[i] == "-" else bias
+    raise UsageError(f"--logit-bias {spec!r}: expected TOKEN_ID(+/-)BIAS, e.g. 15043+1")
+
+
+def sampling_params(args: argparse.Namespace, metadata: Any) -> Any:
+    """SamplingParams from the flags the user gave, model defaults for the rest."""
+    from ..sampling import SamplingParams, apply_model_defaults
+
+    kw: dict[str, Any] = {}
+    for _flags, dest, _typ, _text in _SAMPLING_FLAGS:
+        if (v := getattr(args, f"s_{dest}")) is not None:
+            kw[dest] = v
+    if args.samplers is not None:
+        kw["samplers"] = args.samplers
+    if args.sampler_seq is not None:
+        kw["samplers"] = args.sampler_seq
+    if args.dry_sequence_breaker is not None:
+        kw["dry_sequence_breakers"] = [b for b in args.dry_sequence_breaker if b != "none"]
+    if args.logit_bias:
+        kw["logit_bias"] = [_logit_bias(s) for s in args.logit_bias]
+    if args.ignore_eos:
+        kw["ignore_eos"] = True
+    return apply_model_defaults(SamplingParams.create(**kw), metadata)
+
+
+def sampler_chain(params: Any, tokenizer: Any, n_ctx: int) -> Any:
+    from ..sampling import build_sampler_chain, dry_sequence_breakers
+
+    breakers = None
+    if params.dry_multiplier != 0.0 and params.dry_sequence_breakers:
+        breakers = dry_sequence_breakers(
+            params.dry_sequence_breakers,
+            tokenizer.n_vocab,
+            lambda t: tokenizer.token_to_piece(t, special=True),
+            lambda b: tokenizer.encode(b, add_special=False, parse_special=False),
+        )
+    return build_sampler_chain(params, tokenizer.n_vocab, n_ctx=n_ctx,
+                               dry_seq_breakers=breakers, eog_tokens=tokenizer.eog)  # fmt: skip
+
+
+def load(args: argparse.Namespace) -> Any:
+    """The model and context the flags describe (:class:`llamacpy.api.LoadedModel`)."""
+    from ..api.model import load_model
+    from ..engine import ContextParams
+
+    params = ContextParams(
+        n_ctx=args.ctx_size,
+        n_batch=args.batch_size,
+        n_ubatch=args.ubatch_size,
+        n_threads=args.threads,
+        n_threads_batch=args.threads_batch or args.threads,
+        type_k=args.cache_type_k,
+        type_v=args.cache_type_v,
+        use_mmap=args.mmap,
+        use_mlock=args.mlock,
+    )
+    model = load_model(args.model, params)
+    if args.verbose:
+        ctx = model.ctx
+        print(f"llamacpy: {model.info.desc} from {model.info.path}: n_ctx = {ctx.n_ctx}, "
+              f"n_batch = {ctx.n_batch}, n_ubatch = {ctx.n_ubatch}, n_threads = "
+              f"{ctx.n_threads}/{ctx.n_threads_batch}", file=sys.stderr)  # fmt: skip
+    return model
+
+
+def _read_prompt(args: argparse.Namespace) -> bytes:
+    from .tokenize import process_escapes
+
+    if args.file is not None:
+        try:
+            data = Path(args.file).read_bytes()
+        except OSError as e:
+            raise UsageError(f"could not open file '{args.file}' for reading: {e.strerror}") from e
+        data = data[:-1] if data.endswith(b"\n") else data
+    else:
+        data = os.fsencode(args.prompt or "")
+    return process_escapes(data) if args.escape else data
+
+
+def _run(args: argparse.Namespace) -> int:
+    from ..api.generation import ContextOverflowError, GenerationConfig, Session
+
+    if args.file is None and args.prompt is None:
+        raise UsageError("give a prompt with -p PROMPT or -f FILE")
+    prompt = _read_prompt(args)
+    model = load(args)
+    tok, ctx = model.tokenizer, model.ctx
+    tokens = tok.encode(prompt, add_special=True, parse_special=True)
+    if not tokens:
+        if not tok.add_bos:
+            raise UsageError("the prompt is empty")
+        tokens = [tok.bos]
+    if len(tokens) > ctx.n_ctx - 4:
+        raise ContextOverflowError(
+            f"the prompt is too long: {len(tokens)} tokens, but the context holds "
+            f"n_ctx = {ctx.n_ctx} (at most {ctx.n_ctx - 4} prompt tokens); use a larger -c"
+        )
+    params = sampling_params(args, model.info.metadata)
+    chain = sampler_chain(params, tok, ctx.n_ctx)
+    if args.verbose:
+        print(f"llamacpy: sampler chain: {chain!r}", file=sys.stderr)
+    n_keep = args.keep
+    if n_keep < 0 or n_keep > len(tokens):
+        n_keep = len(tokens)
+    else:
+        n_keep += int(tok.add_bos)  # always keep the BOS token
+    session = Session(ctx, tok)
+    session.timings.t_load = model.load_time
+    config = GenerationConfig(
+        max_tokens=args.n_predict if args.n_predict >= 0 else -1,
+        stop=[s for s in args.reverse_prompt if s],
+        stop_at_eog=not params.ignore_eos,
+        accept_prompt=True,
+        context_shift=args.context_shift and args.n_predict != -2,
+        n_keep=n_keep,
+        special=args.special,
+    )
+    out = sys.stdout
+    gen = session.generate(tokens, chain, config)
+    code = 0
+    try:
+        for step in gen:
+            if step.text:
+                out.write(step.text)
+                out.flush()
+    except KeyboardInterrupt:
+        gen.close()
+        code = 130
+    out.flush()
+    if gen.stop_cause == "context" and args.n_predict != -2:
+        print("\nllamacpy: context full, stopping (use --context-shift to continue)",
+              file=sys.stderr)  # fmt: skip
+    print(file=sys.stderr)
+    print(session.timings.report(), file=sys.stderr)
+    return code
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "run",
+        help="complete a prompt (like llama-completion)",
+        description="Generate text from a prompt; the text goes to stdout, timings to stderr.",
+    )
+    add_model_args(p)
+    p.add_argument("-p", "--prompt", help="prompt text")
+    p.add_argument("-f", "--file", help="read the prompt from FILE")
+    p.add_argument("-n", "--predict", "--n-predict", dest="n_predict", type=int, default=-1,
+                   help="tokens to generate (default: -1 = until end of generation or full "
+                   "context; -2 = until the context is full)")  # fmt: skip
+    p.add_argument("--keep", type=int, default=0,
+                   help="prompt tokens kept by a context shift (default: 0, -1 = all)")  # fmt: skip
+    p.add_argument("--context-shift", dest="context_shift", action="store_true", default=False,
+                   help="shift the context instead of stopping when it is full")  # fmt: skip
+    p.add_argument("--no-context-shift", dest="context_shift", action="store_false")
+    p.add_argument("-r", "--reverse-prompt", action="append", default=[],
+                   help="stop when this text is generated (repeatable; not printed)")  # fmt: skip
+    p.add_argument("-sp", "--special", action="store_true", help="print special tokens")
+    p.add_argument("-e", "--escape", dest="escape", action="store_true", default=True,
+                   help="process escapes (\\n, \\t, ...) in the prompt (default)")  # fmt: skip
+    p.add_argument("--no-escape", dest="escape", action="store_false")
+    add_sampling_args(p)
+    p.set_defaults(func=_run)

@@ -1,0 +1,138 @@
+"""Perplexity as ``llama-perplexity`` computes it.
+
+The text is tokenized once (BOS per the vocabulary, special tokens not parsed) and cut into
+non-overlapping chunks of ``n_ctx`` tokens; the first token of each chunk is replaced by BOS
+(when the vocabulary adds one) and only the second half of each chunk is scored: the
+negative log-likelihood of token ``i + 1`` given the logits at ``i``, for
+``i = n_ctx/2 .. n_ctx-2``. With ``n_batch >= 2 * n_ctx`` several chunks run side by side as
+separate sequences. The estimate is ``exp(mean nll)`` with llama.cpp's ``+/-``:
+``ppl * sqrt((mean(nll^2) - mean(nll)^2) / (count - 1))``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..engine import Batch
+from ..errors import UsageError
+
+
+@dataclass
+class PerplexityResult:
+    ppl: float
+    ppl_err: float  # llama.cpp's "+/-" (uncertainty of the estimate)
+    n_ctx: int
+    n_chunks: int
+    count: int  # scored tokens
+    running: list[float] = field(default_factory=list)  # estimate after each chunk
+    seconds_per_pass: float = 0.0
+
+
+def chunk_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """``-log softmax(logits[i])[targets[i]]`` per row, as llama.cpp's ``log_softmax``
+    (float32 max and exponentials, double sum)."""
+    logits = np.asarray(logits, np.float32)
+    mx = logits.max(axis=1, keepdims=True)
+    sum_exp = np.exp(logits - mx).sum(axis=1, dtype=np.float64)
+    picked = logits[np.arange(len(targets)), targets].astype(np.float64)
+    return -(picked - mx[:, 0].astype(np.float64) - np.log(sum_exp))
+
+
+def n_seq_for(n_ctx: int, n_batch: int) -> int:
+    """Chunks evaluated together (llama-perplexity's ``n_parallel``)."""
+    return max(1, n_batch // n_ctx)
+
+
+def perplexity(
+    ctx: Any,
+    tokenizer: Any,
+    text: str | bytes,
+    *,
+    n_ctx: int,
+    n_batch: int,
+    n_chunks: int = -1,
+    on_chunk: Callable[[int, float], None] | None = None,
+    on_first_pass: Callable[[float, int, int], None] | None = None,
+) -> PerplexityResult:
+    """Run llama-perplexity's method on ``text`` with an engine context whose sequences
+    hold ``n_ctx`` tokens each (``ctx.n_ctx >= n_seq * n_ctx``, ``ctx.n_seq_max >= n_seq``).
+
+    ``on_chunk(i, running_ppl)`` is called after each chunk (1-based ``i``);
+    ``on_first_pass(seconds, n_chunks, n_seq)`` after the first pass.
+    """
+    if n_ctx <= 0 or n_ctx % 2:
+        raise UsageError(f"perplexity needs a positive, even context size, not {n_ctx}")
+    n_batch = min(n_batch, ctx.n_batch)
+    if not (n_batch < n_ctx or n_batch % n_ctx == 0):
+        raise UsageError(
+            f"n_batch ({n_batch}) must be smaller than n_ctx ({n_ctx}) or a multiple of it"
+        )
+    n_seq = n_seq_for(n_ctx, n_batch)
+    tokens = np.asarray(tokenizer.encode(text, add_special=True, parse_special=False), np.int64)
+    if len(tokens) < 2 * n_ctx:
+        raise UsageError(
+            f"you need at least {2 * n_ctx} tokens to evaluate perplexity with a context of "
+            f"{n_ctx}; the text tokenizes to only {len(tokens)} tokens"
+        )
+    n_chunk_max = len(tokens) // n_ctx
+    n_chunk = n_chunk_max if n_chunks < 0 else min(n_chunks, n_chunk_max)
+    if n_chunk == 0:
+        raise UsageError("--chunks 0: nothing to evaluate")
+    add_bos = bool(tokenizer.add_bos)
+    bos = tokenizer.bos
+    first = n_ctx // 2
+    num_batches = (n_ctx + n_batch - 1) // n_batch
+    nll = nll2 = 0.0
+    count = 0
+    running: list[float] = []
+    seconds = 0.0
+    for i in range(0, n_chunk, n_seq):
+        start = i * n_ctx
+        n_seq_batch = min(n_seq, n_chunk - i)
+        t0 = time.perf_counter()
+        ctx.clear()
+        rows: list[list[np.ndarray]] = [[] for _ in range(n_seq_batch)]
+        for j in range(num_batches):
+            batch_start = start + j * n_batch
+            batch_size = min(start + n_ctx - batch_start, n_batch)
+            batch = Batch()
+            for seq in range(n_seq_batch):
+                seq_start = batch_start + seq * n_ctx
+                for k in range(batch_size):
+                    tok = tokens[seq_start + k]
+                    if add_bos and j == 0 and k == 0:
+                        tok = bos
+                    pos = j * n_batch + k
+                    batch.add(int(tok), pos, seq, pos >= first)
+            out = ctx.decode(batch)
+            # outputs come in batch order: sequence by sequence
+            per_seq = batch.n_outputs // n_seq_batch
+            for seq in range(n_seq_batch):
+                if per_seq:
+                    rows[seq].append(out[seq * per_seq : (seq + 1) * per_seq])
+        if i == 0:
+            seconds = time.perf_counter() - t0
+            if on_first_pass is not None:
+                on_first_pass(seconds, n_chunk, n_seq)
+        for seq in range(n_seq_batch):
+            logits = np.concatenate(rows[seq])[: n_ctx - 1 - first]
+            base = start + seq * n_ctx + first
+            targets = tokens[base + 1 : base + n_ctx - first]
+            v = chunk_nll(logits, targets)
+            nll += float(v.sum())
+            nll2 += float((v * v).sum())
+            count += len(v)
+            running.append(math.exp(nll / count))
+            if on_chunk is not None:
+                on_chunk(i + seq + 1, running[-1])
+    mean, mean2 = nll / count, nll2 / count
+    ppl = math.exp(mean)
+    var = mean2 - mean * mean
+    err = math.sqrt(var / (count - 1)) * ppl if var > 0 and count > 1 else float("nan")
+    return PerplexityResult(ppl, err, n_ctx, n_chunk, count, running, seconds)

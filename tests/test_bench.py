@@ -1,0 +1,119 @@
+"""``llamacpy bench``: llama-bench's statistics, test order and output formats (compared
+with llama-bench's own output, recorded in fixtures/generation/llama_bench.json)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from llamacpy import cli
+from llamacpy.eval import bench
+from llamacpy.eval.bench import BenchResult, BenchTest
+
+FIXTURES = Path(__file__).parent / "fixtures" / "generation"
+LLAMA_BENCH = json.loads((FIXTURES / "llama_bench.json").read_text())
+
+
+def fake_result(test: BenchTest, samples: list[int]) -> BenchResult:
+    ref = json.loads(LLAMA_BENCH["json"])[0]
+    n = test.n_prompt + test.n_gen
+    ts = [1e9 * n / s for s in samples]
+    values = dict(ref)
+    values.update(
+        n_prompt=test.n_prompt, n_gen=test.n_gen, n_threads=1, avg_ns=bench.avg_int(samples),
+        stddev_ns=bench.stdev_int(samples), avg_ts=bench.avg_float(ts),
+        stddev_ts=bench.stdev_float(ts),
+    )  # fmt: skip
+    values.pop("samples_ns"), values.pop("samples_ts")
+    return BenchResult(test, values, samples)
+
+
+def test_statistics_are_llama_benchs():
+    # a llama-bench run (pp16): samples_ns [737278509, 815896386] were reported with
+    # avg_ns 776587447, stddev_ns 55591247, avg_ts 20.655883, stddev_ts 1.478631
+    samples = [737278509, 815896386]
+    assert bench.avg_int(samples) == 776587447
+    assert bench.stdev_int(samples) == 55591247  # integer arithmetic, as llama-bench
+    ts = [1e9 * 16 / s for s in samples]
+    assert f"{bench.avg_float(ts):f}" == "20.655883"
+    assert f"{bench.stdev_float(ts):f}" == "1.478631"
+    assert bench.stdev_int([5]) == 0 and bench.stdev_float([1.0]) == 0.0
+
+
+def test_test_order_and_names():
+    tests = bench.expand_tests([512, 0], [128], [(16, 4)], [2048], [512], [1, 2], ["f16"], ["f16"])
+    assert [(t.name, t.n_threads) for t in tests] == [
+        ("pp512", 1), ("tg128", 1), ("pp16+tg4", 1), ("pp512", 2), ("tg128", 2), ("pp16+tg4", 2)
+    ]  # fmt: skip
+
+
+def test_json_fields_match_llama_bench():
+    ref = json.loads(LLAMA_BENCH["json"])
+    r = fake_result(BenchTest(16, 0, n_threads=1), [100_000_000, 110_000_000])
+    ours = json.loads(bench.format_json([r]))
+    assert list(ours[0]) == list(ref[0])  # same fields, same order
+    for k, v in ref[0].items():
+        assert type(ours[0][k]) is type(v), k
+    assert ours[0]["samples_ns"] == [100_000_000, 110_000_000]
+    assert ours[0]["samples_ts"] == [160, pytest.approx(145.455, rel=1e-5)]
+    line = json.loads(bench.format_jsonl(r))
+    assert list(line) == list(ref[0])
+
+
+def test_csv_matches_llama_bench():
+    ref = list(csv.reader(io.StringIO(LLAMA_BENCH["csv"])))
+    r = fake_result(BenchTest(16, 0), [100_000_000, 110_000_000])
+    ours = list(csv.reader(io.StringIO(bench.format_csv_header() + "\n" + bench.format_csv(r))))
+    assert ours[0] == ref[0]
+    assert len(ours[1]) == len(ref[1])
+    row = dict(zip(ours[0], ours[1]))
+    assert row["avg_ts"] == "152.727273" and row["n_prompt"] == "16" and row["cpu_strict"] == "0"
+
+
+def test_markdown_layout_matches_llama_bench():
+    ref = LLAMA_BENCH["md"].splitlines()
+    tests = [BenchTest(16, 0, n_threads=1), BenchTest(0, 4, n_threads=1)]
+    fields = bench.md_fields(tests)
+    header = bench.format_md_header(fields).splitlines()
+    assert header == ref[:2]
+    rows = [bench.format_md_row(fields, fake_result(t, [10**9, 10**9])) for t in tests]
+    for ours, theirs in zip(rows, ref[2:4]):
+        # same cells up to the measured numbers
+        assert ours[: ours.rindex("|", 0, -1)] == theirs[: theirs.rindex("|", 0, -1)]
+        assert len(ours) == len(theirs)
+    assert "pp16" in rows[0] and "16.00 ± 0.00" in rows[0]
+    # parameters that differ from the defaults get a column, as in llama-bench
+    assert "n_batch" in bench.md_fields([BenchTest(16, 0, n_batch=256)])
+
+
+def test_bench_command(smollm2_path, monkeypatch, capsys):
+    monkeypatch.setattr(cli, "SUBCOMMANDS", [*cli.SUBCOMMANDS, "bench"])
+    code = cli.main(["bench", "-m", str(smollm2_path), "-p", "8", "-n", "2", "-r", "2", "-t",
+                     "1", "-o", "json"])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    results = json.loads(out)
+    assert [(r["n_prompt"], r["n_gen"]) for r in results] == [(8, 0), (0, 2)]
+    for r in results:
+        assert r["model_type"] == "llama 256M Q4_1"
+        assert r["model_size"] == 96576768 and r["model_n_params"] == 134515008
+        assert len(r["samples_ns"]) == 2 and r["avg_ts"] > 0
+        assert r["avg_ns"] == sum(r["samples_ns"]) // 2
+    code = cli.main(["bench", "-m", str(smollm2_path), "-p", "4", "-n", "0", "-r", "1", "-t",
+                     "1"])  # fmt: skip
+    out, _ = capsys.readouterr()
+    lines = out.splitlines()
+    assert lines[0] == LLAMA_BENCH["md"].splitlines()[0]
+    assert "pp4" in lines[2] and lines[-1].startswith("build: llamacpy")
+
+
+def test_bench_usage_errors(smollm2_path, monkeypatch, capsys):
+    monkeypatch.setattr(cli, "SUBCOMMANDS", [*cli.SUBCOMMANDS, "bench"])
+    assert cli.main(["bench", "-m", str(smollm2_path), "-o", "xml"]) == 1
+    assert "choose one of" in capsys.readouterr().err
+    assert cli.main(["bench", "-m", str(smollm2_path), "-p", "0", "-n", "0"]) == 1
+    assert "no tests" in capsys.readouterr().err
