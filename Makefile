@@ -26,7 +26,8 @@ models: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/llamacpy models pull smollm2-135m
-	$(BIN)/llamacpy gguf dump smollm2-135m --no-tensors
+	$(BIN)/llamacpy run -m smollm2-135m -c 512 -n 64 --temp 0 \
+	  -p "The three primary colors are"
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks scripts
@@ -46,6 +47,8 @@ bench: models
 	$(BIN)/python benchmarks/bench_quants.py
 	$(BIN)/python benchmarks/bench_quantize.py
 	$(BIN)/python benchmarks/bench_sampling.py
+	$(BIN)/python benchmarks/bench_engine.py
+	$(BIN)/python benchmarks/bench_ttft.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
