@@ -1,9 +1,10 @@
 """Model weights in the form the kernels read: matrices repacked into one buffer, vectors in
 another, and the reading of tensor bytes from the GGUF shards.
 
-Tensor bytes are read tensor by tensor, through a memory map (default) or ``read()``
-(``use_mmap=False``); after a tensor is repacked its file pages are dropped from the process
-(``MADV_DONTNEED``), so loading never holds the file and the repacked copy at once. The
+Tensor bytes are read in file-order chunks of about 32 MiB, through a memory map (default)
+or ``read()`` (``use_mmap=False``); each chunk is repacked in one parallel call and its file
+pages are then dropped from the process (``MADV_DONTNEED``), so loading never holds the file
+and the repacked copy at once. The
 repacked buffer is the only copy of the weights the engine keeps; ``mlock`` pins it.
 """
 
@@ -23,6 +24,9 @@ from ..ops import formats
 
 _ALIGN = 64
 _PAGE = mmap.PAGESIZE
+# Linux 5.14+: fault a whole range in with one call instead of one page fault per 4 KiB
+_MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
+_CHUNK = 32 << 20  # bytes of file repacked per parallel call (bounds the mapped pages held)
 
 
 class TensorSource:
@@ -39,32 +43,43 @@ class TensorSource:
 
     def raw(self, info: TensorInfo) -> np.ndarray:
         """The tensor's bytes (uint8, read-only view of the map or a fresh array)."""
-        i = self._shard(info.name)
-        path = self.model.paths[i]
+        return self.span(self._shard(info.name), info.data_offset, info.nbytes)
+
+    def span(self, shard: int, offset: int, nbytes: int) -> np.ndarray:
+        """Bytes ``offset .. offset+nbytes`` of a shard (a view of the map, its pages mapped
+        in one call, or a fresh array read from the file)."""
+        path = self.model.paths[shard]
         if self.use_mmap:
-            mm = self._maps.get(i)
+            mm = self._maps.get(shard)
             if mm is None:
                 with open(path, "rb") as f:
-                    mm = self._maps[i] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-            return np.frombuffer(mm, np.uint8, count=info.nbytes, offset=info.data_offset)
-        f = self._files.get(i)
+                    mm = self._maps[shard] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            start = offset - offset % _PAGE
+            try:  # the caller reads all of it right away: fault it in with one call
+                mm.madvise(_MADV_POPULATE_READ, start, offset + nbytes - start)
+            except (OSError, ValueError, AttributeError):
+                pass  # older kernels: pages fault in one by one
+            return np.frombuffer(mm, np.uint8, count=nbytes, offset=offset)
+        f = self._files.get(shard)
         if f is None:
-            f = self._files[i] = open(path, "rb")  # noqa: SIM115 (closed in close())
-        buf = np.empty(info.nbytes, np.uint8)
-        f.seek(info.data_offset)
-        if f.readinto(memoryview(buf)) != info.nbytes:
-            raise ModelError(f"{path}: truncated data of tensor {info.name!r}")
+            f = self._files[shard] = open(path, "rb")  # noqa: SIM115 (closed in close())
+        buf = np.empty(nbytes, np.uint8)
+        f.seek(offset)
+        if f.readinto(memoryview(buf)) != nbytes:
+            raise ModelError(f"{path}: truncated data at byte {offset} ({nbytes} bytes)")
         return buf
 
     def release(self, info: TensorInfo) -> None:
         """Drop the tensor's file pages from this process (they stay in the page cache)."""
-        mm = self._maps.get(self._shard(info.name))
+        self.release_span(self._shard(info.name), info.data_offset, info.nbytes)
+
+    def release_span(self, shard: int, offset: int, nbytes: int) -> None:
+        mm = self._maps.get(shard)
         if mm is None or not hasattr(mm, "madvise"):
             return
-        start = info.data_offset - info.data_offset % _PAGE
-        end = info.data_offset + info.nbytes
+        start = offset - offset % _PAGE
         try:
-            mm.madvise(mmap.MADV_DONTNEED, start, end - start)
+            mm.madvise(mmap.MADV_DONTNEED, start, offset + nbytes - start)
         except (OSError, ValueError):
             pass
 
@@ -142,7 +157,8 @@ class WeightStore:
         return {m.type for m, _ in self.matrices}
 
     def build(self, source: TensorSource) -> None:
-        """Read, repack and place every queued tensor."""
+        """Read, repack and place every queued tensor: file-order chunks of about
+        :data:`_CHUNK` bytes, each repacked in one parallel call, then its pages dropped."""
         offsets, total = [], 0
         for m, _ in self.matrices:
             offsets.append(total)
@@ -150,11 +166,27 @@ class WeightStore:
             total += size + (-size % _ALIGN)
         self.buf = np.empty(max(total, _ALIGN), np.uint8)
         self.desc = np.zeros((len(self.matrices), 4), np.int64)
-        for (m, info), off in zip(self.matrices, offsets):
-            size = formats.repacked_nbytes(m.type, m.nrows, m.ncols)
-            formats.repack(source.raw(info), m.type, m.nrows, m.ncols, self.buf[off : off + size])
-            source.release(info)
-            self.desc[m.index] = (int(m.type), off, m.nrows, m.ncols)
+        todo = sorted(
+            ((source.model.shard_of(info.name), info.data_offset, m, info, off)
+             for (m, info), off in zip(self.matrices, offsets)),
+            key=lambda x: (x[0], x[1]),
+        )  # fmt: skip
+        i = 0
+        while i < len(todo):
+            shard, start = todo[i][0], todo[i][1]
+            j, end = i, start
+            while j < len(todo) and todo[j][0] == shard and (j == i or end - start < _CHUNK):
+                end = max(end, todo[j][1] + todo[j][3].nbytes)
+                j += 1
+            raw = source.span(shard, start, end - start)
+            items = [(info.data_offset - start, m.type, m.nrows, m.ncols, off)
+                     for _, _, m, info, off in todo[i:j]]  # fmt: skip
+            formats.repack_many(raw, items, self.buf)
+            del raw
+            source.release_span(shard, start, end - start)
+            for _, _, m, _, off in todo[i:j]:
+                self.desc[m.index] = (int(m.type), off, m.nrows, m.ncols)
+            i = j
         self.fbuf = np.zeros(max(self._fsize, 16), np.float32)
         for v, info in self.vectors:
             self.fbuf[v.offset : v.offset + v.size] = source.raw(info).view(np.float32)

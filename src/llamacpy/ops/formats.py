@@ -20,7 +20,8 @@ A repacked group block has the original 16 blocks' size, except where 6-bit scal
 unpacked (Q3_K/Q4_K/Q5_K +4 bytes per row per 256 weights, IQ4_XS +2).
 Float formats use "blocks" of 16 elements.
 
-:func:`repack` (numba) and :func:`repack_numpy` (vectorized twin) produce the same bytes;
+:func:`repack` / :func:`repack_many` (numba) and :func:`repack_numpy` (vectorized twin)
+produce the same bytes;
 :func:`unpack_fields` inverts the layout into per-row field arrays for the numpy references.
 """
 
@@ -237,23 +238,43 @@ def _repack_op(raw, s, out, d, r, kind, n, e):
             out[d + j * 16 + r] = np.uint8((ls - 32) & 0xFF)
 
 
-@njit(cache=True, parallel=True)
-def _repack_kernel(raw, nrows, nblk, src_bytes, dst_bytes, ops, out):
+@njit(cache=True, inline="always")
+def _repack_group(raw, so0, nrows, nblk, src_bytes, dst_bytes, ops, out, do0, g, zero):
+    """Row group ``g`` of one tensor: source rows at ``raw[so0:]``, group blocks to ``out[do0:]``."""
     row_bytes = nblk * src_bytes
-    zero = np.zeros(src_bytes, dtype=np.uint8)  # padding rows repack a zero block
-    for g in prange((nrows + 15) // 16):
-        for k in range(ops.shape[0]):  # field by field: tight inner loops
-            kind, so, n, do, e = ops[k, 0], ops[k, 1], ops[k, 2], ops[k, 3], ops[k, 4]
-            for b in range(nblk):
-                dst = (g * nblk + b) * dst_bytes + do
-                for r in range(16):
-                    row = g * 16 + r
-                    if row < nrows:
-                        _repack_op(
-                            raw, row * row_bytes + b * src_bytes + so, out, dst, r, kind, n, e
-                        )
-                    else:
-                        _repack_op(zero, so, out, dst, r, kind, n, e)
+    for k in range(ops.shape[0]):  # field by field: tight inner loops
+        kind, so, n, do, e = ops[k, 0], ops[k, 1], ops[k, 2], ops[k, 3], ops[k, 4]
+        for b in range(nblk):
+            dst = do0 + (g * nblk + b) * dst_bytes + do
+            for r in range(16):
+                row = g * 16 + r
+                if row < nrows:
+                    _repack_op(
+                        raw, so0 + row * row_bytes + b * src_bytes + so, out, dst, r, kind, n, e
+                    )
+                else:  # padding rows repack a zero block
+                    _repack_op(zero, so, out, dst, r, kind, n, e)
+
+
+@njit(cache=True, parallel=True)
+def _repack_jobs(raw, jobs, ops_all, out):
+    """Repack several tensors in one parallel region. ``jobs`` int64 ``[n, 8]``: source
+    offset, nrows, blocks per row, source / group block bytes, first op row and op count in
+    ``ops_all``, destination offset. Work items are (tensor, row group) pairs."""
+    n = jobs.shape[0]
+    first = np.zeros(n + 1, np.int64)  # first work item of each job
+    for j in range(n):
+        first[j + 1] = first[j] + (jobs[j, 1] + 15) // 16
+    zero = np.zeros(4096, dtype=np.uint8)
+    for w in prange(first[n]):
+        j = np.searchsorted(first, w, side="right") - 1
+        so0, nrows, nblk, sb, db, o0, no, do0 = (
+            jobs[j, 0], jobs[j, 1], jobs[j, 2], jobs[j, 3], jobs[j, 4], jobs[j, 5], jobs[j, 6],
+            jobs[j, 7],
+        )  # fmt: skip
+        _repack_group(
+            raw, so0, nrows, nblk, sb, db, ops_all[o0 : o0 + no], out, do0, w - first[j], zero
+        )
 
 
 def _check(raw: np.ndarray, lay: Layout, nrows: int, ncols: int) -> None:
@@ -266,14 +287,31 @@ def _check(raw: np.ndarray, lay: Layout, nrows: int, ncols: int) -> None:
 
 def repack(raw: np.ndarray, t: GGMLType | int, nrows: int, ncols: int, out=None) -> np.ndarray:
     """Repack a GGUF tensor's bytes (``nrows`` rows of ``ncols`` weights) -> uint8 array."""
-    lay = layout(t)
     raw = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
-    _check(raw, lay, nrows, ncols)
-    size = repacked_nbytes(t, nrows, ncols)
     if out is None:
-        out = np.empty(size, dtype=np.uint8)
-    _repack_kernel(raw, nrows, ncols // lay.qk, lay.src_bytes, lay.dst_bytes, lay.ops_array, out)
+        out = np.empty(repacked_nbytes(t, nrows, ncols), dtype=np.uint8)
+    repack_many(raw, [(0, t, nrows, ncols, 0)], out)
     return out
+
+
+def repack_many(raw: np.ndarray, items, out: np.ndarray) -> None:
+    """Repack several tensors of one byte buffer in one parallel call (one launch, not one
+    per tensor). ``items``: ``(source offset, type, nrows, ncols, destination offset)``."""
+    jobs = np.zeros((len(items), 8), np.int64)
+    ops: list[np.ndarray] = []
+    n_ops = 0
+    for i, (so, t, nrows, ncols, do) in enumerate(items):
+        lay = layout(t)
+        _check(raw[so:], lay, nrows, ncols)
+        size = repacked_nbytes(t, nrows, ncols)
+        if do < 0 or do + size > out.size:
+            raise ModelError(f"repack destination [{do}, {do + size}) is outside {out.size} bytes")
+        o = lay.ops_array
+        jobs[i] = (so, nrows, ncols // lay.qk, lay.src_bytes, lay.dst_bytes, n_ops, len(o), do)
+        ops.append(o)
+        n_ops += len(o)
+    if len(items):
+        _repack_jobs(raw, jobs, np.concatenate(ops), out)
 
 
 # ----------------------------------------------------------------------------- numpy twin
