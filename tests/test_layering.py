@@ -14,6 +14,7 @@ LAYERS = {
     "gguf": 0,
     "hparams": 0,
     "registry": 0,
+    "kernel_cache": 0,
     "quants": 1,
     "ops": 2,
     "tokenizer": 2,

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from llamacpy import kernel_cache  # noqa: F401  (first: the kernels' disk cache locator)
 from llamacpy.gguf.constants import GGMLType
 from llamacpy.quants import (  # noqa: F401  (imported to register the formats)
     floats,

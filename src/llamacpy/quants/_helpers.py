@@ -9,8 +9,9 @@ Everything here mirrors ggml bit for bit:
   round-to-nearest-even, every NaN becomes the quiet NaN ``0x7e00`` (sign kept).
 * ``fp32_to_bf16`` rounds to nearest even and forces NaNs quiet (``ggml_compute_fp32_to_bf16``).
 
-Numba kernels are compiled lazily and cached on disk (``cache=True``); ``_cache`` makes the
-cache of every kernel of the package expire when any module of the package changes.
+Numba kernels are compiled lazily and cached on disk (``cache=True``);
+:mod:`llamacpy.kernel_cache` makes the cache of a kernel expire when its module or any kernel
+module it imports changes.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import numpy as np
 from numba import njit, types
 from numba.extending import intrinsic
 
-from llamacpy.quants import _cache  # noqa: F401  (must run before any kernel is defined)
 from llamacpy.quants._errors import QuantError
 
 F32 = np.float32

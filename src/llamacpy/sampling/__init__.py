@@ -12,6 +12,7 @@ Kernels are numba functions cached on disk (``__pycache__``); numba does not not
 a kernel that another file calls changes, so clear that cache after editing one.
 """
 
+from .. import kernel_cache  # noqa: F401  (first: the kernels' disk cache locator)
 from .base import Sampler, SamplingError
 from .basic import Dist, Greedy, LogitBias, Temp, TempExt
 from .candidates import TokenDataArray

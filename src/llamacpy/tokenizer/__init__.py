@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import kernel_cache  # noqa: F401  (first: the kernels' disk cache locator)
 from .detok import StreamDecoder
 from .errors import (
     ChatTemplateError,

@@ -3,10 +3,10 @@
 numba's ``cache=True`` keys a function's cache on the hash of *its own* source file, but the
 kernels here inline helpers from other modules (``simd.py``, the format kernels, ...): after
 an edit of a helper, a caller would load stale machine code. This locator keys a kernel of
-``llamacpy.ops`` / ``llamacpy.models`` on the hash of its file together with every file of
-those packages that it imports, directly or not (found by reading the relative imports).
-It is registered when ``llamacpy.ops`` is imported and applies only to files inside those
-packages; the cache lives in ``__pycache__`` next to the sources, or in numba's user-wide
+the kernel packages (:data:`KERNEL_PACKAGES`) on the hash of its file together with every
+file of those packages that it imports, directly or not (found by reading its ``from ...
+import`` lines, relative or ``llamacpy.``-absolute). Each kernel package calls
+:func:`install` before defining kernels; it applies only to files inside those packages; the cache lives in ``__pycache__`` next to the sources, or in numba's user-wide
 cache directory when the package directory is read-only. Loading these cached kernels also
 skips numba's full context refresh (see :func:`_load_overload`), which halves start time.
 """
@@ -21,8 +21,9 @@ from pathlib import Path
 from numba.core import caching, config
 from numba.core.runtime import rtsys
 
-_ROOT = Path(__file__).resolve().parent.parent  # the llamacpy package
-_KERNEL_DIRS = (_ROOT / "ops", _ROOT / "models")
+_ROOT = Path(__file__).resolve().parent  # the llamacpy package
+KERNEL_PACKAGES = ("quants", "ops", "tokenizer", "sampling", "models", "engine", "quantize")
+_KERNEL_DIRS = tuple(_ROOT / p for p in KERNEL_PACKAGES)
 
 
 def _module_file(pkg_dir: Path, level: int, module: str | None, name: str | None) -> Path | None:
@@ -41,7 +42,9 @@ def _module_file(pkg_dir: Path, level: int, module: str | None, name: str | None
     return None
 
 
-_FROM = re.compile(r"^[ \t]*from[ \t]+(\.+)([\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n]*)", re.M)
+_FROM = re.compile(
+    r"^[ \t]*from[ \t]+(\.+|llamacpy\.)([\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n]*)", re.M
+)
 
 
 @cache
@@ -51,8 +54,10 @@ def _imports(path: Path, mtime_ns: int) -> tuple[Path, ...]:
     found = set()
     for dots, module, names in _FROM.findall(path.read_text()):
         listed = [n.split(" as ")[0].strip() for n in names.strip("()").split(",")]
+        # ``from llamacpy.x import y`` resolves from the package root like ``from .x``
+        base, level = (_ROOT, 1) if dots == "llamacpy." else (path.parent, len(dots))
         for nm in [None, *[n for n in listed if n.isidentifier()]]:
-            f = _module_file(path.parent, len(dots), module or None, nm)
+            f = _module_file(base, level, module or None, nm)
             if f is not None and any(f.parent == d for d in _KERNEL_DIRS):
                 found.add(f.resolve())
     return tuple(sorted(found))
@@ -141,3 +146,6 @@ def install() -> None:
     if config.CACHE_DIR:
         classes.remove(caching.UserProvidedCacheLocator)
         classes.insert(0, caching.UserProvidedCacheLocator)
+
+
+install()  # importing this module is what a kernel package does first
