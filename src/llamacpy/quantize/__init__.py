@@ -10,26 +10,11 @@ checks the job, :mod:`.convert` converts tensor data on a thread pool and :mod:`
 writes the file.
 """
 
-from .convert import TensorJob, convert_tensor
-from .imatrix import ImportanceMatrix, load_imatrix
-from .model import (
-    KVOverride,
-    QuantizeParams,
-    QuantizeReport,
-    QuantPlan,
-    plan_quantization,
-    quantize_model,
-)
-from .policy import (
-    Category,
-    ModelInfo,
-    TensorSpec,
-    TypeOptions,
-    allows_quantization,
-    choose_types,
-    loader_order,
-    tensor_category,
-)
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from .presets import PRESETS, Preset, default_type, ggml_name, parse_ggml_type, parse_preset
 
 __all__ = [
@@ -58,3 +43,24 @@ __all__ = [
     "quantize_model",
     "tensor_category",
 ]
+
+# the rest is imported on first use: the presets (all the CLI's help needs) stay cheap,
+# without loading numba and the format kernels
+_LAZY = {
+    "TensorJob": "convert", "convert_tensor": "convert",
+    "ImportanceMatrix": "imatrix", "load_imatrix": "imatrix",
+    "KVOverride": "model", "QuantizeParams": "model", "QuantizeReport": "model",
+    "QuantPlan": "model", "plan_quantization": "model", "quantize_model": "model",
+    "Category": "policy", "ModelInfo": "policy", "TensorSpec": "policy",
+    "TypeOptions": "policy", "allows_quantization": "policy", "choose_types": "policy",
+    "loader_order": "policy", "tensor_category": "policy",
+}  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
