@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 
 from ..engine import ContextParams
+from ..engine.embeddings import POOLING_TYPES, pooling_name
+from ..engine.embeddings import normalize as normalize_embd
 from ..errors import UsageError
 from ..models import RopeOverrides
 from ..sampling import (
@@ -50,7 +52,7 @@ _CACHE_TYPES = {0: "f32", 1: "f16", 8: "q8_0"}  # ggml type ids llama-cpp-python
 _ROPE_SCALING = {-1: None, 0: "none", 1: "linear", 2: "yarn", 3: "longrope"}
 # constructor arguments that only matter for GPUs, LoRA-free CPU runs or llama.cpp internals
 _IGNORED = {"n_gpu_layers", "split_mode", "main_gpu", "tensor_split", "offload_kqv",
-            "flash_attn", "op_offload", "swa_full", "no_perf", "numa", "pooling_type",
+            "flash_attn", "op_offload", "swa_full", "no_perf", "numa",
             "attention_type", "spm_infill"}  # fmt: skip
 _REFUSED = {"lora_base", "lora_path", "draft_model", "tokenizer"}
 
@@ -158,6 +160,7 @@ class Llama:
         yarn_orig_ctx: int = 0,
         logits_all: bool = False,
         embedding: bool = False,
+        pooling_type: int = -1,
         last_n_tokens_size: int = 64,
         chat_format: str | None = None,
         chat_handler: Callable[..., Any] | None = None,
@@ -206,6 +209,8 @@ class Llama:
                 use_mmap=use_mmap,
                 use_mlock=use_mlock,
                 rope=rope,
+                embeddings=embedding,
+                pooling_type=pooling_name(pooling_type),
             )
             self._loaded = load_model(model_path, params, kv_overrides)
             self._info, self._tokenizer = self._loaded.info, self._loaded.tokenizer
@@ -494,18 +499,67 @@ class Llama:
         return openai.chat_completion(out)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ embeddings
-    def embed(self, input: str | list[str], normalize: bool = False, truncate: bool = True,
-              return_count: bool = False) -> Any:  # fmt: skip
-        """Not available yet: the engine returns logits only (no hidden states/pooling)."""
+    def pooling_type(self) -> int:
+        """The context's ``llama_pooling_type`` (0 none, 1 mean, 2 cls, 3 last)."""
+        return POOLING_TYPES[self._ctx().pooling_type]
+
+    def embed(
+        self,
+        input: str | list[str],
+        normalize: bool | int = False,
+        truncate: bool = True,
+        return_count: bool = False,
+    ) -> Any:
+        """Embeddings of a text or a list of texts (the model needs ``embedding=True``).
+
+        Each text is tokenized with the model's special tokens (BOS/CLS, EOS/SEP as its
+        vocabulary adds them), cut to ``n_batch`` tokens with ``truncate``, and run alone.
+        Pooled models give one vector per text, pooling ``none`` a vector per token.
+        ``normalize``: ``False`` none, ``True`` euclidean (llama-cpp-python), or an
+        ``--embd-normalize`` integer (-1 none, 0 max-abs int16, 1 taxicab, 2 euclidean,
+        p > 2 p-norm). Returns lists of floats, and the token count with ``return_count``.
+        """
         if not self._embedding:
             raise UsageError("Llama model must be created with embedding=True to call this method")
-        raise NotSupportedError(
-            "embeddings are not supported yet: the engine does not expose hidden states or "
-            "pooling (needs Context(embeddings=True) returning [n_outputs, n_embd])"
-        )
+        ctx = self._ctx()
+        n_batch = self.n_batch
+        inputs = [input] if isinstance(input, str) else list(input)
+        norm = (2 if normalize else -1) if isinstance(normalize, bool) else normalize
+        data: list[Any] = []
+        total = 0
+        try:
+            for text in inputs:
+                if not isinstance(text, str):
+                    raise UsageError(f"embed: inputs must be strings, not {type(text).__name__}")
+                tokens = self.tokenize(text.encode("utf-8"))
+                if truncate:
+                    tokens = tokens[:n_batch]
+                if len(tokens) > n_batch:
+                    raise ContextOverflowError(
+                        f"Requested tokens ({len(tokens)}) exceed batch size of {n_batch}"
+                    )
+                total += len(tokens)
+                e = ctx.embed(tokens)
+                if normalize is True:
+                    # llama-cpp-python's normalize_embedding: v / ||v|| in double
+                    rows = np.atleast_2d(e).astype(np.float64)
+                    norms = np.linalg.norm(rows, axis=-1, keepdims=True)
+                    rows = np.where(norms > 0, rows / np.where(norms > 0, norms, 1.0), rows)
+                    data.append(rows.reshape(e.shape).tolist())
+                else:
+                    data.append(normalize_embd(e, norm).tolist())
+        finally:
+            self.session.reset()  # the context's cache was used (and cleared) for embedding
+        output = data[0] if isinstance(input, str) else data
+        return (output, total) if return_count else output
 
     def create_embedding(self, input: str | list[str], model: str | None = None) -> Any:
-        return self.embed(input)
+        """An OpenAI ``list`` of ``embedding`` objects with token usage (unnormalized, as
+        llama-cpp-python returns them)."""
+        name = model if model is not None else self.model_path
+        inputs = input if isinstance(input, list) else [input]
+        embeds, total = self.embed(inputs, return_count=True)
+        return openai.embedding_response(embeds, name, total)
 
     # ------------------------------------------------------------------ state
     def save_state(self) -> LlamaState:

@@ -82,6 +82,10 @@ def size_label(md: Mapping[str, Any]) -> str:
             )
             return "65B" if same else "70B"
         return _LLAMA_TYPES.get(n_layer, "?B")
+    if arch == "bert":  # llama_model_bert::load_arch_hparams
+        if n_layer == 12:
+            return {384: "33M", 768: "109M"}.get(int(md.get("bert.embedding_length", 0)), "?B")
+        return {3: "17M", 6: "22M", 24: "335M"}.get(n_layer, "?B")
     return "?B"
 
 

@@ -209,3 +209,13 @@ def chat_chunks(chunks: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
                 }
             ],
         }
+
+
+def embedding_response(embeds: Sequence[Any], model: str, n_tokens: int) -> dict[str, Any]:
+    """``create_embedding``'s ``CreateEmbeddingResponse``."""
+    return {
+        "object": "list",
+        "data": [{"object": "embedding", "embedding": e, "index": i} for i, e in enumerate(embeds)],
+        "model": model,
+        "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
+    }

@@ -19,12 +19,14 @@ from ..errors import LlamacpyError
 SUBCOMMANDS = [
     "run",
     "chat",
+    "serve",
     "bench",
     "perplexity",
     "gguf",
     "models",
     "quantize",
     "tokenize",
+    "embed",
     "convert",
 ]
 

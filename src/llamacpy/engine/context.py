@@ -22,7 +22,9 @@ import numpy as np
 from ..errors import UsageError
 from ..models import load_model
 from ..models.common import UBatchArrays
+from ..ops.norm import rms_norm_numpy
 from .batch import Batch, UBatch, check_batch, split_batch
+from .embeddings import pool, resolve_pooling
 from .kv_cache import KVCache
 from .params import ContextParams, physical_cores, setup_threads
 
@@ -109,7 +111,9 @@ class Context:
                 n_seq_max=self.n_seq_max,
                 seq_pos_max=kv.seq_pos_max,
             )
-            kv.apply_shift(self.model.rope, self.model.freqs_arr)
+            kv.apply_shift(
+                getattr(self.model, "rope_layers", self.model.rope), self.model.freqs_arr
+            )
             ubs = split_batch(batch, self.n_ubatch)
             if len(ubs) == 1:
                 return self._forward(ubs[0]).copy()
@@ -126,6 +130,8 @@ class Context:
         cells = kv.place(ub)
         n_kv = kv.n_kv()
         mask = kv.mask(ub, n_kv)
+        n_swa = getattr(self.model, "n_swa", 0)
+        mask_swa = kv.mask(ub, n_kv, n_swa) if n_swa > 0 else None
         n = len(ub)
         same = kv.type_k == kv.type_v and kv.type_k in (0, 1)
         if n >= _TILED_MIN_TOKENS and same:
@@ -139,7 +145,7 @@ class Context:
         if key != self._nth:
             numba.set_num_threads(nth)
             self._nth = key
-        arrays = UBatchArrays(ub.token, ub.pos, cells, mask, n_kv, ub.out_idx)
+        arrays = UBatchArrays(ub.token, ub.pos, cells, mask, n_kv, ub.out_idx, mask_swa)
         return self.model.forward(self.ws, arrays, self._kv_arrays, mode, nth)
 
     # ------------------------------------------------------------------ memory (KV) ops
@@ -160,3 +166,87 @@ class Context:
 
     def clear(self) -> None:
         self.kv.clear()
+
+    # ------------------------------------------------------------------ embeddings
+    @property
+    def pooling_type(self) -> str:
+        """The pooling :meth:`embed` applies (the context's, else the model's, else none)."""
+        return resolve_pooling(self.params.pooling_type, getattr(self.model, "pooling_type", None))
+
+    def encode(self, batch: Batch) -> np.ndarray:
+        """Hidden states after the model's final norm of every token of ``batch``:
+        float32 ``[n_tokens, n_embd]`` in batch order (llama.cpp's ``t_embd``).
+
+        Encoder models (``model.causal`` false: bert) see the whole batch in one pass, each
+        token attending to every token of its sequence, and use no KV cache; decoder models
+        run through the KV cache as :meth:`decode` does (the tokens stay in the cache).
+        """
+        if not self.params.embeddings:
+            raise UsageError("this context has no embeddings: create it with embeddings=True")
+        with self._lock:
+            kv = self.kv
+            causal = getattr(self.model, "causal", True)
+            check_batch(
+                batch,
+                n_vocab=self.n_vocab,
+                n_batch=self.n_batch,
+                n_ctx=self.n_ctx,
+                n_seq_max=self.n_seq_max,
+                seq_pos_max=kv.seq_pos_max if causal else (lambda s: -1),
+            )
+            n = len(batch)
+            nth = self.n_threads if n == 1 else self.n_threads_batch
+            if not causal:
+                if n > self.n_ubatch:
+                    raise UsageError(
+                        f"the batch has {n} tokens, more than n_ubatch = {self.n_ubatch}: a "
+                        "non-causal model sees each sequence whole; raise n_ubatch"
+                    )
+                self._threads(nth)
+                h = self.model.encode(self.ws, batch.token, batch.pos, batch.seq_id[:, 0], nth)
+                return np.array(h, np.float32)
+            rope = getattr(self.model, "rope_layers", self.model.rope)
+            kv.apply_shift(rope, self.model.freqs_arr)
+            out = np.empty((n, self.model.hparams.n_embd), np.float32)
+            row = 0
+            for ub in split_batch(batch, self.n_ubatch):
+                ub.out_idx = np.zeros(0, np.int32)  # hidden states only: skip the output head
+                self._forward(ub)
+                out[row : row + len(ub)] = self._hidden_states(len(ub))
+                row += len(ub)
+            return out
+
+    def _threads(self, nth: int) -> None:
+        key = (threading.get_ident(), nth)
+        if key != self._nth:
+            numba.set_num_threads(nth)
+            self._nth = key
+
+    def _hidden_states(self, n: int) -> np.ndarray:
+        """The last ubatch's ``n`` hidden states after the final norm: the model's own
+        ``hidden_states(ws, n)`` when it has one, else (llama-style models) the residual
+        stream ``ws.x`` through the RMS ``output_norm``."""
+        own = getattr(self.model, "hidden_states", None)
+        if own is not None:
+            return own(self.ws, n)
+        m = self.model
+        if not (hasattr(self.ws, "x") and hasattr(m, "output_norm")):
+            raise UsageError(f"architecture {m.hparams.arch!r} cannot produce embeddings yet")
+        e = m.hparams.n_embd
+        w = m.store.fbuf[m.output_norm.offset : m.output_norm.offset + e]
+        return rms_norm_numpy(self.ws.x[:n, :e], w, m.hparams.norm_rms_eps)
+
+    def embed(self, tokens, pooling: str | None = None) -> np.ndarray:
+        """Embedding of one token sequence: pooled ``[n_embd]``, or ``[n_tokens, n_embd]``
+        with pooling ``none`` (no normalization; see :mod:`.embeddings`). Uses sequence 0
+        from an empty cache and leaves the cache empty."""
+        name = self.pooling_type if pooling is None else resolve_pooling(pooling, None)
+        tokens = [int(t) for t in tokens]
+        if not tokens:
+            raise UsageError("cannot embed an empty token sequence")
+        self.kv.clear()
+        try:
+            h = self.encode(Batch.from_tokens(tokens, logits="none"))
+        finally:
+            self.kv.clear()
+        return pool(h, np.arange(len(tokens)), name)

@@ -198,25 +198,32 @@ class KVCache:
         self._changed()
 
     def apply_shift(self, rope, freqs: np.ndarray) -> None:
-        """Re-rope the keys of shifted cells by their accumulated shift (K-shift)."""
+        """Re-rope the keys of shifted cells by their accumulated shift (K-shift); ``rope``
+        is one :class:`~llamacpy.ops.rope.RopeParams` or a list of one per layer."""
         if not self.has_shift:
             return
         cells = np.nonzero(self.shift)[0].astype(np.int32)
         n_layer, n_head_kv = self.k.shape[:2]
-        rope_shift_rows(
-            self.k.reshape(-1),
-            self.type_k,
-            self.head_dim,
-            n_layer,
-            n_head_kv,
-            self.n_ctx,
-            self.row_bytes,
-            cells,
-            self.shift,
-            rope.packed(),
-            freqs,
-            rope.neox,
-        )
+        ropes = list(rope) if isinstance(rope, list | tuple) else [rope] * n_layer
+        if all(r == ropes[0] for r in ropes):
+            groups = [(self.k, ropes[0])]
+        else:  # per layer (gemma3: sliding-window layers have their own rope base)
+            groups = [(self.k[il : il + 1], ropes[il]) for il in range(n_layer)]
+        for k, r in groups:
+            rope_shift_rows(
+                k.reshape(-1),
+                self.type_k,
+                self.head_dim,
+                k.shape[0],
+                n_head_kv,
+                self.n_ctx,
+                self.row_bytes,
+                cells,
+                self.shift,
+                r.packed(),
+                freqs,
+                r.neox,
+            )
         self.shift[:] = 0
         self.has_shift = False
 
@@ -309,9 +316,11 @@ class KVCache:
             self._pmax[s] = max(prev[s], new)
         return cells
 
-    def mask(self, ub: UBatch, n_kv: int) -> np.ndarray:
+    def mask(self, ub: UBatch, n_kv: int, n_swa: int = 0) -> np.ndarray:
         """``uint8 [n, n_kv]``: 1 where token ``t`` sees cell ``c`` (the cell holds the
-        token's first sequence at a position not after the token's)."""
+        token's first sequence at a position not after the token's). With ``n_swa > 0``
+        (sliding-window layers) the cell's position must also be less than ``n_swa`` before
+        the token's (llama.cpp's standard SWA: masked when ``p_token - p_cell >= n_swa``)."""
         pos = self.pos[:n_kv]
         prim = ub.primary_seq
         seqs = prim[:1] if len(ub) == 1 or (prim == prim[0]).all() else np.unique(prim)
@@ -321,5 +330,9 @@ class KVCache:
             has = ((self.seq[:n_kv, w] >> np.uint64(b)) & np.uint64(1)).astype(bool)
             has &= pos >= 0
             rows = slice(None) if len(seqs) == 1 else prim == s
-            out[rows] = has[None, :] & (pos[None, :] <= ub.pos[rows][:, None])
+            p = ub.pos[rows][:, None]
+            vis = has[None, :] & (pos[None, :] <= p)
+            if n_swa > 0:
+                vis &= p - pos[None, :] < n_swa
+            out[rows] = vis
         return out

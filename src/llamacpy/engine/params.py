@@ -33,6 +33,9 @@ class ContextParams:
     # loaded model: the fastest first start) or "all" (one compiled forward serves any model)
     kernel_formats: str = "model"
     rope: RopeOverrides = field(default_factory=RopeOverrides)
+    # embeddings: hidden states after the final norm, pooled per sequence (Context.embed)
+    embeddings: bool = False
+    pooling_type: str = "unspecified"  # none | mean | cls | last; unspecified: the model's
 
     def check(self) -> None:
         for name in ("n_batch", "n_ubatch", "n_seq_max"):
@@ -43,6 +46,11 @@ class ContextParams:
         if self.kernel_formats not in ("model", "all"):
             raise UsageError(
                 f"kernel_formats must be 'model' or 'all', not {self.kernel_formats!r}"
+            )
+        if self.pooling_type not in ("unspecified", "none", "mean", "cls", "last"):
+            raise UsageError(
+                f"unknown pooling type {self.pooling_type!r}; "
+                "choose one of none, mean, cls, last (or unspecified)"
             )
         if self.threading_layer not in THREADING_LAYERS:
             raise UsageError(

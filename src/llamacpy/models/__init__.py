@@ -19,6 +19,8 @@ from .weights import TensorSource, model_file
 # architecture -> (module, class)
 _ARCHITECTURES: dict[str, tuple[str, str]] = {
     "llama": ("llamacpy.models.llama", "LlamaModel"),
+    "gemma3": ("llamacpy.models.gemma3", "Gemma3Model"),
+    "bert": ("llamacpy.models.bert", "BertModel"),
 }
 
 

@@ -108,6 +108,7 @@ class UBatchArrays:
     mask: np.ndarray  # uint8 [n, n_kv], 1 where token t may attend cell c
     n_kv: int  # cells 0..n_kv are considered (ggml pads the used range to 256)
     out_idx: np.ndarray  # int32 [n_out], tokens whose logits are wanted
+    mask_swa: np.ndarray | None = None  # the mask of sliding-window layers (None: ``mask``)
 
 
 def lazy_zeros(shape, dtype) -> np.ndarray:

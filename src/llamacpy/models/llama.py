@@ -20,6 +20,7 @@ from ..errors import ModelError
 from ..gguf import GGUFModelFile
 from ..hparams import HParams, check_model
 from ..ops import formats
+from ..ops.activations import ACT_SWIGLU
 from ..ops.attention import TILE
 from ..ops.matmul import act_need, format_mask, new_acts
 from ..ops.rope import RopeParams
@@ -124,10 +125,21 @@ def _pad16(n: int) -> int:
 
 
 class LlamaModel:
-    """A loaded llama model; see the module docstring."""
+    """A loaded llama model; see the module docstring.
+
+    Variants (gemma3) subclass it and set the class attributes below, their block norms
+    (``attn_q_norm``, ``attn_k_norm``, ``post_attention_norm``, ``post_ffw_norm``), and
+    ``rope_swa`` / ``layer_swa`` for sliding-window layers; one compiled forward runs all.
+    """
 
     arch = "llama"
     rope_neox = False
+    ffn_act = ACT_SWIGLU
+    n_swa = 0  # sliding window (tokens), 0: every layer attends globally
+    rope_swa: RopeParams | None = None  # rope of the sliding-window layers (None: ``rope``)
+    layer_swa: tuple[bool, ...] = ()  # per layer: sliding window (empty: none)
+    embd_scale = 1.0  # token embeddings are multiplied by this
+    logit_softcap = 0.0  # logits -> c * tanh(logits / c) when c > 0
 
     def __init__(
         self,
@@ -222,9 +234,24 @@ class LlamaModel:
             ],
             np.int64,
         ).reshape(-1, 7)
+
+        def off(x: object, name: str) -> int:
+            v = getattr(x, name, None)
+            return -1 if v is None else v.offset
+
         self.layer_n = np.array(
-            [[x.attn_norm.offset, x.ffn_norm.offset] for x in b], np.int64
-        ).reshape(-1, 2)
+            [
+                [x.attn_norm.offset, x.ffn_norm.offset]
+                + [
+                    off(x, n)
+                    for n in ("attn_q_norm", "attn_k_norm", "post_attention_norm", "post_ffw_norm")
+                ]
+                for x in b
+            ],
+            np.int64,
+        ).reshape(-1, 6)
+        swa = self.layer_swa or (False,) * len(b)
+        self.layer_kind = np.array([1 if s else 0 for s in swa], np.int64)
         self.layer_need = np.array(
             [
                 [
@@ -256,17 +283,30 @@ class LlamaModel:
                 hp.n_vocab,
                 hp.n_layer,
                 hp.n_rot,
+                self.ffn_act,
             ],
             np.int64,
         )
-        scale = np.float32(1.0) / np.sqrt(np.float32(hp.n_embd_head_k))
-        self.fp_arr = np.array([hp.norm_rms_eps, scale], np.float32)
-        self.rope_arr = self.rope.packed()
+        kq_scale, q_scale = self.attention_scales()
+        self.fp_arr = np.array(
+            [hp.norm_rms_eps, kq_scale, self.embd_scale, self.logit_softcap, q_scale], np.float32
+        )
+        self.rope_arr = np.stack([self.rope.packed(), (self.rope_swa or self.rope).packed()])
         self.freqs_arr = (
             np.zeros(0, np.float32)
             if self.rope_freqs is None
             else np.ascontiguousarray(self.rope_freqs, np.float32)
         )
+
+    def attention_scales(self) -> tuple[float, float]:
+        """(scale of the K.Q scores, scale applied to the roped queries)."""
+        return float(np.float32(1.0) / np.sqrt(np.float32(self.hparams.n_embd_head_k))), 1.0
+
+    @property
+    def rope_layers(self) -> list[RopeParams]:
+        """The rope of each layer (what a K-shift re-ropes the layer's keys with)."""
+        swa = self.layer_swa or (False,) * self.hparams.n_layer
+        return [(self.rope_swa or self.rope) if s else self.rope for s in swa]
 
     def use_all_kernels(self) -> None:
         """Link every format's matmul kernel into the compiled forward pass (one compiled
@@ -286,17 +326,18 @@ class LlamaModel:
         ws.ensure_outputs(n_out)
         info = np.array([n, ub.n_kv, mode, n_out], np.int64)
         st = self.store
+        mask_swa = ub.mask if ub.mask_swa is None else ub.mask_swa
         llama_kernel.forward(
             self.fmask,
             n_threads,
             (st.buf, st.desc, st.fbuf),
-            (self.layer_w, self.layer_n, self.layer_need),
+            (self.layer_w, self.layer_n, self.layer_need, self.layer_kind),
             self.glob,
             self.hp_arr,
             self.fp_arr,
             self.rope_arr,
             self.freqs_arr,
-            (ub.tokens, ub.pos, ub.cells, ub.mask, ub.out_idx, info),
+            (ub.tokens, ub.pos, ub.cells, ub.mask, mask_swa, ub.out_idx, info),
             kv_arrays,
             ws.scratch(),
             ws.barrier,

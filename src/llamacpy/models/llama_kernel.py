@@ -11,13 +11,20 @@ itself into a private buffer, which saves four barriers per layer.
 Argument groups (tuples of arrays; see :class:`llamacpy.models.llama.Workspace`):
 
 * ``WT = (W, WD, NF)``: repacked matrices, their descriptors, float vectors;
-* ``LT = (LW, LN, LNEED)``: per layer the matrix indices (q, k, v, o, gate, up, down), norm
-  offsets (attn, ffn) and activation kinds needed (attn in, o in, ffn in, down in);
+* ``LT = (LW, LN, LNEED, LKIND)``: per layer the matrix indices (q, k, v, o, gate, up,
+  down), norm offsets (attn, ffn, q, k, attn post, ffn post; -1 when the layer has none),
+  activation kinds needed (attn in, o in, ffn in, down in) and attention kind (0 global,
+  1 sliding window: picks the rope row and the mask);
 * ``GT``: token_embd index, output index, output_norm offset, output activation kinds;
-* ``HP``: n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_layer, n_rot;
-* ``FP``: rms eps, kq scale; ``RP``/``FF``: rope (see :mod:`llamacpy.ops.rope`);
-* ``UB = (tokens, pos, cells, mask, out_idx, info)``, ``info`` = n_tokens, n_kv,
+* ``HP``: n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_layer, n_rot, ffn
+  activation (0 SwiGLU, 1 GEGLU);
+* ``FP``: rms eps, kq scale, embedding scale, final logit soft-cap (0: none), query scale;
+  ``RP`` ``[2, 8]`` (global, sliding-window) / ``FF``: rope (see :mod:`llamacpy.ops.rope`);
+* ``UB = (tokens, pos, cells, mask, mask_swa, out_idx, info)``, ``info`` = n_tokens, n_kv,
   attention mode (0 rows, 1 tiled, 2 decode split), n_out;
+
+Post-norms (gemma3) send the attention and FFN outputs through a scratch row and an RMSNorm
+before the residual add; the optional steps cost nothing to models without them.
 * ``KV = (k_cache, v_cache, info)`` with caches ``[n_layer, n_head_kv, n_ctx, row_bytes]``
   and ``info`` = k type, v type, row bytes;
 * ``S``: scratch (see ``Workspace``).
@@ -28,7 +35,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ..ops.activations import swiglu
+from ..ops.activations import ACT_GEGLU, geglu, swiglu
 from ..ops.attention import (
     attention_rows,
     attention_split_merge,
@@ -38,7 +45,7 @@ from ..ops.attention import (
 )
 from ..ops.dequant import get_row
 from ..ops.matmul import matmul_sel, prepare_acts
-from ..ops.norm import rms_norm
+from ..ops.norm import head_rms_norm, rms_norm
 from ..ops.rope import rope_apply, rope_cache
 from ..ops.simd import cycles
 from ..ops.threads import barrier, split, tick, timed_barrier
@@ -51,8 +58,8 @@ def forward(fmask, n_threads, WT, LT, GT, HP, FP, RP, FF, UB, KV, S, bar):
     """Run the ubatch; logits of the output tokens land in ``S`` (``LOG`` rows)."""
     # numba's parallel loop accepts arrays and scalars, not tuples: unpack here, repack inside
     W, WD, NF = WT
-    LW, LN, LNEED = LT
-    tokens, pos, cells, mask, out_idx, ui = UB
+    LW, LN, LNEED, LKIND = LT
+    tokens, pos, cells, mask, mask_swa, out_idx, ui = UB
     KC, VC, kvi = KV
     X, XN, Q, KN, VN, ATT, G, U, A, AP, XP, LOG, TS, prof = S
     a0, a1, a2, a3, a4, a5, a6, a7 = A
@@ -65,13 +72,13 @@ def forward(fmask, n_threads, WT, LT, GT, HP, FP, RP, FF, UB, KV, S, bar):
             np.int64(tid),
             n_threads,
             (W, WD, NF),
-            (LW, LN, LNEED),
+            (LW, LN, LNEED, LKIND),
             GT,
             HP,
             FP,
             RP,
             FF,
-            (tokens, pos, cells, mask, out_idx, ui),
+            (tokens, pos, cells, mask, mask_swa, out_idx, ui),
             (KC, VC, kvi),
             (
                 X,
@@ -113,12 +120,12 @@ P_EMBD, P_NORM, P_QKV, P_ROPE, P_ATTN, P_OUT_PROJ, P_FFN_UP, P_FFN_DOWN, P_HEAD 
 @njit(cache=True)
 def _worker(fmask, tid, nth, WT, LT, GT, HP, FP, RP, FF, UB, KV, S, bar):
     W, WD, NF = WT
-    LW, LN, LNEED = LT
-    tokens, pos, cells, mask, out_idx, ui = UB
+    LW, LN, LNEED, LKIND = LT
+    tokens, pos, cells, mask, mask_swa, out_idx, ui = UB
     n_tok, n_kv, mode, n_out = ui[0], ui[1], ui[2], ui[3]
     n_embd, n_head, n_head_kv, hd, n_ff = HP[0], HP[1], HP[2], HP[3], HP[4]
-    n_layer, n_rot = HP[6], HP[7]
-    eps, kq_scale = FP[0], FP[1]
+    n_layer, n_rot, act = HP[6], HP[7], HP[8]
+    eps, kq_scale, embd_scale, softcap, q_scale = FP[0], FP[1], FP[2], FP[3], FP[4]
     KC, VC, kvi = KV
     k_type, v_type, rowb, n_ctx = kvi[0], kvi[1], kvi[2], kvi[3]
     hstride = n_ctx * rowb  # bytes between the KV heads of a layer in the flat caches
@@ -133,10 +140,13 @@ def _worker(fmask, tid, nth, WT, LT, GT, HP, FP, RP, FF, UB, KV, S, bar):
     ta, tb, AA = (tid, tid + 1, AP) if single else (0, n_tok, A)
     clk = cycles()
 
-    # token embeddings (dequantized rows of the repacked table)
+    # token embeddings (dequantized rows of the repacked table), scaled (gemma)
     emb = GT[0]
     for t in range(t0, t1):
         get_row(W, WD[emb, 1], WD[emb, 0], n_embd, tokens[t], X[t])
+        if embd_scale != 1.0:
+            for i in range(n_embd):
+                X[t, i] *= embd_scale
     clk = tick(prof, tid, P_EMBD, clk)
     clk = timed_barrier(bar, nth, prof, tid, clk)
 
@@ -145,6 +155,9 @@ def _worker(fmask, tid, nth, WT, LT, GT, HP, FP, RP, FF, UB, KV, S, bar):
         wg, wu, wd = LW[il, 4], LW[il, 5], LW[il, 6]
         attn_norm = NF[LN[il, 0] : LN[il, 0] + n_embd]
         ffn_norm = NF[LN[il, 1] : LN[il, 1] + n_embd]
+        kind = LKIND[il]
+        rp = RP[kind]
+        lmask = mask_swa if kind != 0 else mask
 
         # ---- attention: norm, q/k/v
         if single:
@@ -161,12 +174,20 @@ def _worker(fmask, tid, nth, WT, LT, GT, HP, FP, RP, FF, UB, KV, S, bar):
         clk = tick(prof, tid, P_QKV, clk)
         clk = timed_barrier(bar, nth, prof, tid, clk)
 
-        # ---- rope, cache write
+        # ---- per-head q/k norms, rope, query scale, cache write
         lbase = il * n_head_kv * hstride
+        qn, kn = LN[il, 2], LN[il, 3]
         for t in range(t0, t1):
-            rope_cache(pos[t], RP, FF, rc[tid])
-            rope_apply(Q, t, 0, n_head, hd, rc[tid], n_rot, RP[7] != 0)
-            rope_apply(KN, t, 0, n_head_kv, hd, rc[tid], n_rot, RP[7] != 0)
+            if qn >= 0:
+                head_rms_norm(Q, t, n_head, hd, NF[qn : qn + hd], eps)
+            if kn >= 0:
+                head_rms_norm(KN, t, n_head_kv, hd, NF[kn : kn + hd], eps)
+            rope_cache(pos[t], rp, FF, rc[tid])
+            rope_apply(Q, t, 0, n_head, hd, rc[tid], n_rot, rp[7] != 0)
+            rope_apply(KN, t, 0, n_head_kv, hd, rc[tid], n_rot, rp[7] != 0)
+            if q_scale != 1.0:
+                for i in range(qdim):
+                    Q[t, i] *= q_scale
             for h in range(n_head_kv):
                 o = lbase + h * hstride + cells[t] * rowb
                 store_row(KN[t], h * hd, hd, k_type, KC, o)
@@ -193,7 +214,7 @@ def _worker(fmask, tid, nth, WT, LT, GT, HP, FP, RP, FF, UB, KV, S, bar):
             VC,
             lbase,
             hstride,
-            mask,
+            lmask,
             ATT,
             qv[tid],
             qq[tid],
@@ -212,7 +233,7 @@ def _worker(fmask, tid, nth, WT, LT, GT, HP, FP, RP, FF, UB, KV, S, bar):
         clk = tick(prof, tid, P_ATTN, clk)
         clk = timed_barrier(bar, nth, prof, tid, clk)
 
-        # ---- output projection + residual
+        # ---- output projection (+ post-norm) + residual
         if single:
             XP[tid, :qdim] = ATT[0, :qdim]
             prepare_acts(XP, tid, tid + 1, qdim, LNEED[il, 1], AP)
@@ -220,11 +241,31 @@ def _worker(fmask, tid, nth, WT, LT, GT, HP, FP, RP, FF, UB, KV, S, bar):
             prepare_acts(ATT, t0, t1, qdim, LNEED[il, 1], A)
             clk = tick(prof, tid, P_OUT_PROJ, clk)
             clk = timed_barrier(bar, nth, prof, tid, clk)
-        _mm(fmask, W, WD, wo, AA, ta, tb, X, 0, True, tid, nth)
-        clk = tick(prof, tid, P_OUT_PROJ, clk)
-        clk = timed_barrier(bar, nth, prof, tid, clk)
+        clk = _proj_residual(
+            fmask,
+            W,
+            WD,
+            NF,
+            wo,
+            AA,
+            ta,
+            tb,
+            X,
+            XN,
+            LN[il, 4],
+            n_embd,
+            eps,
+            tid,
+            nth,
+            t0,
+            t1,
+            bar,
+            prof,
+            clk,
+            P_OUT_PROJ,
+        )
 
-        # ---- feed-forward: norm, gate/up, swiglu, down + residual
+        # ---- feed-forward: norm, gate/up, swiglu or geglu, down (+ post-norm) + residual
         if single:
             XP[tid, :n_embd] = X[0, :n_embd]
             _norm_quant(XP, tid, tid + 1, n_embd, ffn_norm, eps, XP, LNEED[il, 2], AP)
@@ -236,7 +277,10 @@ def _worker(fmask, tid, nth, WT, LT, GT, HP, FP, RP, FF, UB, KV, S, bar):
         g0, g1 = split((n_ff + 15) // 16, tid, nth)
         matmul_sel(fmask, W, WD[wg], AA, ta, tb, g0, g1, G, 0, False)
         matmul_sel(fmask, W, WD[wu], AA, ta, tb, g0, g1, U, 0, False)
-        swiglu(G, U, 0, n_tok, 16 * g0, min(16 * g1, n_ff), G)
+        if act == ACT_GEGLU:
+            geglu(G, U, 0, n_tok, 16 * g0, min(16 * g1, n_ff), G)
+        else:
+            swiglu(G, U, 0, n_tok, 16 * g0, min(16 * g1, n_ff), G)
         clk = tick(prof, tid, P_FFN_UP, clk)
         clk = timed_barrier(bar, nth, prof, tid, clk)
         if single:
@@ -246,9 +290,29 @@ def _worker(fmask, tid, nth, WT, LT, GT, HP, FP, RP, FF, UB, KV, S, bar):
             prepare_acts(G, t0, t1, n_ff, LNEED[il, 3], A)
             clk = tick(prof, tid, P_FFN_DOWN, clk)
             clk = timed_barrier(bar, nth, prof, tid, clk)
-        _mm(fmask, W, WD, wd, AA, ta, tb, X, 0, True, tid, nth)
-        clk = tick(prof, tid, P_FFN_DOWN, clk)
-        clk = timed_barrier(bar, nth, prof, tid, clk)
+        clk = _proj_residual(
+            fmask,
+            W,
+            WD,
+            NF,
+            wd,
+            AA,
+            ta,
+            tb,
+            X,
+            XN,
+            LN[il, 5],
+            n_embd,
+            eps,
+            tid,
+            nth,
+            t0,
+            t1,
+            bar,
+            prof,
+            clk,
+            P_FFN_DOWN,
+        )
 
     # ---- output head for the requested tokens
     if n_out > 0:
@@ -265,8 +329,55 @@ def _worker(fmask, tid, nth, WT, LT, GT, HP, FP, RP, FF, UB, KV, S, bar):
             clk = tick(prof, tid, P_HEAD, clk)
             clk = timed_barrier(bar, nth, prof, tid, clk)
             ha, hb, AH = 0, n_out, A
-        _mm(fmask, W, WD, GT[1], AH, ha, hb, LOG, 0, False, tid, nth)
+        g0, g1 = split((WD[GT[1], 2] + 15) // 16, tid, nth)
+        matmul_sel(fmask, W, WD[GT[1]], AH, ha, hb, g0, g1, LOG, 0, False)
+        if softcap != 0.0:  # each thread caps the rows groups it wrote
+            n_vocab = HP[5]
+            for i in range(n_out):
+                for c in range(16 * g0, min(16 * g1, n_vocab)):
+                    LOG[i, c] = np.tanh(LOG[i, c] * (np.float32(1.0) / softcap)) * softcap
         clk = tick(prof, tid, P_HEAD, clk)
+
+
+@njit(cache=True, inline="always")
+def _proj_residual(
+    fmask,
+    W,
+    WD,
+    NF,
+    wi,
+    AA,
+    ta,
+    tb,
+    X,
+    XN,
+    post,
+    n_embd,
+    eps,
+    tid,
+    nth,
+    t0,
+    t1,
+    bar,
+    prof,
+    clk,
+    slot,
+):
+    """``X += W_wi . act`` -- or, with a post-norm at ``NF[post]``, ``X += rms_norm(W_wi .
+    act) * post`` through the scratch rows ``XN`` (two more barriers)."""
+    if post < 0:
+        _mm(fmask, W, WD, wi, AA, ta, tb, X, 0, True, tid, nth)
+        clk = tick(prof, tid, slot, clk)
+        return timed_barrier(bar, nth, prof, tid, clk)
+    _mm(fmask, W, WD, wi, AA, ta, tb, XN, 0, False, tid, nth)
+    clk = tick(prof, tid, slot, clk)
+    clk = timed_barrier(bar, nth, prof, tid, clk)
+    rms_norm(XN, t0, t1, n_embd, NF[post : post + n_embd], eps, XN)
+    for t in range(t0, t1):
+        for i in range(n_embd):
+            X[t, i] += XN[t, i]
+    clk = tick(prof, tid, P_NORM, clk)
+    return timed_barrier(bar, nth, prof, tid, clk)
 
 
 @njit(cache=True)

@@ -1,6 +1,10 @@
 """SwiGLU ``silu(gate) * up`` with ggml's AVX-512 numerics (``ggml_vec_swiglu_f32``:
 ``ggml_v_silu`` = ``x / (1 + ggml_v_expf(0 - x))``, a polynomial ``exp`` with its own
 rounding), so the result is bit-identical to llama.cpp's on the same inputs.
+
+GEGLU ``gelu(gate) * up`` as ggml's CPU backend computes it (``GGML_GELU_FP16``): the gate
+rounded to f16 indexes a table of tanh-approximated GELU values stored as f16; gates at or
+below -10 give 0, at or above 10 pass through.
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ import numpy as np
 from numba import njit
 
 from .simd import (
+    f32_to_f16,
     vabs,
     vfma,
     vldexp,
@@ -55,6 +60,46 @@ def vexp_ggml(x):
     return vselect_gt(vabs(n), vsplat_f32(192.0), alt, res)
 
 
+ACT_SWIGLU, ACT_GEGLU = 0, 1  # ffn activations of the compiled forward
+GELU_COEF_A = _F32(0.044715)
+SQRT_2_OVER_PI = _F32(0.79788456080286535587989211986876)
+
+
+def _gelu_f16_table() -> np.ndarray:
+    """``ggml_table_gelu_f16`` as float32: GELU(tanh) of every f16 value, rounded to f16."""
+    x = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(_F32)
+    with np.errstate(all="ignore"):
+        inner = _fma(GELU_COEF_A * x, x, _F32(1.0))  # gcc contracts 1 + A*x*x
+        # tanh in double, rounded: glibc's tanhf (numpy's float32 tanh is less exact)
+        th = np.tanh((SQRT_2_OVER_PI * x * inner).astype(np.float64)).astype(_F32)
+        y = _F32(0.5) * x * (_F32(1.0) + th)
+    return y.astype(_F32).astype(np.float16).astype(_F32)
+
+
+@njit(cache=True)
+def geglu(g, u, t0, t1, c0, c1, out):
+    """``out[t, c] = gelu(g[t, c]) * u[t, c]`` for rows ``t0..t1``, columns ``c0..c1``
+    (``ggml_vec_geglu_f32`` with the f16 table)."""
+    tab = GELU_F16
+    for t in range(t0, t1):
+        for c in range(c0, c1):
+            x = g[t, c]
+            if x <= -10.0:
+                y = _F32(0.0)
+            elif x >= 10.0:
+                y = x * u[t, c]
+            else:
+                y = tab[np.int64(f32_to_f16(x))] * u[t, c]
+            out[t, c] = y
+
+
+def geglu_numpy(g: np.ndarray, u: np.ndarray) -> np.ndarray:
+    g, u = np.asarray(g, _F32), np.asarray(u, _F32)
+    idx = g.astype(np.float16).view(np.uint16).astype(np.int64)
+    y = np.where(g <= -10, _F32(0.0), np.where(g >= 10, g, GELU_F16[idx]))
+    return (y * u).astype(_F32)
+
+
 @njit(cache=True)
 def swiglu(g, u, t0, t1, c0, c1, out):
     """``out[t, c] = silu(g[t, c]) * u[t, c]`` for rows ``t0..t1``, columns ``c0..c1``
@@ -94,3 +139,6 @@ def swiglu_numpy(g: np.ndarray, u: np.ndarray) -> np.ndarray:
     g = np.asarray(g, _F32)
     s = (g / (_F32(1.0) + exp_ggml_numpy(_F32(0.0) - g))).astype(_F32)
     return (s * np.asarray(u, _F32)).astype(_F32)
+
+
+GELU_F16 = _gelu_f16_table()

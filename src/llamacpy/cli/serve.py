@@ -1,0 +1,141 @@
+"""``llamacpy serve``: an OpenAI- and llama-server-compatible HTTP server (llama-server's
+flags). The model loads in the background; ``/health`` answers 503 until it is ready."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..errors import UsageError
+from .run import add_sampling_args, sampling_params
+
+
+def _keys(args: argparse.Namespace) -> tuple[str, ...]:
+    keys = [k.strip() for k in (args.api_key or "").split(",") if k.strip()]
+    if args.api_key_file:
+        try:
+            lines = Path(args.api_key_file).read_text().splitlines()
+        except OSError as e:
+            raise UsageError(
+                f"cannot read --api-key-file {args.api_key_file}: {e.strerror}"
+            ) from None
+        keys += [ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")]
+    return tuple(keys)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from ..engine import ContextParams
+    from ..registry import resolve_model
+    from ..server import ServerConfig, ServerState, serve
+
+    if args.parallel < 1:
+        raise UsageError(f"--parallel must be at least 1, not {args.parallel}")
+    if args.max_queue < 0:
+        raise UsageError(f"--max-queue must be >= 0, not {args.max_queue}")
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port must be 0..65535, not {args.port}")
+    model_path = resolve_model(args.model)  # fail fast on a bad -m, before listening
+    config = ServerConfig(
+        host=args.host,
+        port=args.port,
+        api_keys=_keys(args),
+        cors_origins=tuple(o.strip() for o in (args.cors_origins or "").split(",") if o.strip()),
+        timeout=float(args.timeout),
+        alias=args.alias,
+        n_predict=args.n_predict,
+        max_body=args.max_body,
+        shutdown_timeout=float(args.shutdown_timeout),
+    )
+    defaults = sampling_params(args, {})  # the model's defaults fill the rest later
+    n_ctx = args.ctx_size or 4096 * args.parallel
+
+    def load() -> tuple[Any, Any]:
+        if args.embedding:
+            from ..api import Llama
+
+            llm = Llama(str(model_path), embedding=True, n_ctx=n_ctx, n_batch=args.batch_size,
+                        n_ubatch=args.ubatch_size, n_threads=args.threads or None,
+                        pooling_type=args.pooling, verbose=False)  # fmt: skip
+            return None, llm
+        from ..api.serving import ServingModel
+
+        params = ContextParams(
+            n_ctx=n_ctx,
+            n_batch=args.batch_size,
+            n_ubatch=args.ubatch_size,
+            n_threads=args.threads,
+            n_threads_batch=args.threads_batch or args.threads,
+            n_seq_max=args.parallel,
+            type_k=args.cache_type_k,
+            type_v=args.cache_type_v,
+        )
+        m = ServingModel.load(str(model_path), params, n_parallel=args.parallel,
+                              max_queue=args.max_queue, chat_template=args.chat_template,
+                              sampling_defaults=defaults)  # fmt: skip
+        return m, None
+
+    state = ServerState(config, loader=load, model_name=args.alias or model_path.name)
+    where = f"http://{args.host}:{args.port}"
+    print(f"llamacpy serve: listening on {where} (model {model_path.name}, "
+          f"{args.parallel} slot(s), n_ctx {n_ctx})", file=sys.stderr, flush=True)  # fmt: skip
+    serve(state, log_level="info" if args.verbose else "warning", access_log=args.verbose)
+    if state.load_error is not None:
+        print(f"llamacpy serve: error: {state.load_error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="OpenAI- and llama-server-compatible HTTP server",
+        description="Serve a model over HTTP: OpenAI routes (/v1/chat/completions, "
+        "/v1/completions, /v1/models, /v1/embeddings) and llama-server's (/completion, "
+        "/tokenize, /health, /props, /slots, /metrics ...), with --parallel slots batched "
+        "together.",
+    )
+    p.add_argument("-m", "--model", required=True, help="model path or registry name")
+    p.add_argument("-a", "--alias", default=None, help="model name reported to clients")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080, help="port (default: 8080)")
+    p.add_argument("-c", "--ctx-size", type=int, default=0,
+                   help="total context, shared by the slots (default: 4096 per slot)")  # fmt: skip
+    p.add_argument("-np", "--parallel", type=int, default=1, help="parallel slots (default: 1)")
+    p.add_argument("-b", "--batch-size", type=int, default=2048,
+                   help="most tokens decoded per step (default: 2048)")  # fmt: skip
+    p.add_argument("-ub", "--ubatch-size", type=int, default=512, help="physical batch size")
+    p.add_argument("-t", "--threads", type=int, default=0, help="threads (default: cores)")
+    p.add_argument("-tb", "--threads-batch", type=int, default=0, help="prompt threads")
+    p.add_argument("-ctk", "--cache-type-k", default="f16", help="KV cache type of K")
+    p.add_argument("-ctv", "--cache-type-v", default="f16", help="KV cache type of V")
+    p.add_argument("-n", "--n-predict", "--predict", dest="n_predict", type=int, default=-1,
+                   help="default tokens to predict (default: -1, until EOG or full slot)")  # fmt: skip
+    p.add_argument("--api-key", default=None,
+                   help="API key(s), comma-separated; clients send 'Authorization: Bearer KEY'"
+                   " or 'X-Api-Key: KEY' (/health stays public)")  # fmt: skip
+    p.add_argument("--api-key-file", default=None, help="file with one API key per line")
+    p.add_argument("--cors-origins", default=None,
+                   help="comma-separated origins allowed cross-origin ('*' for any; "
+                   "default: none)")  # fmt: skip
+    p.add_argument("--timeout", type=float, default=600,
+                   help="seconds a request may run (default: 600)")  # fmt: skip
+    p.add_argument("--max-queue", type=int, default=64,
+                   help="requests that may wait for a free slot; beyond: 429 (default: 64)")  # fmt: skip
+    p.add_argument("--max-body", type=int, default=4 << 20,
+                   help="largest request body in bytes; beyond: 413 (default: 4 MiB)")  # fmt: skip
+    p.add_argument("--shutdown-timeout", type=float, default=10.0,
+                   help="seconds in-flight requests may finish after SIGTERM (default: 10)")  # fmt: skip
+    p.add_argument("--embedding", "--embeddings", action="store_true",
+                   help="serve embeddings only (/v1/embeddings, /embedding)")  # fmt: skip
+    p.add_argument("--pooling", default="unspecified",
+                   choices=["unspecified", "none", "mean", "cls", "last"],
+                   help="embedding pooling (default: the model's)")  # fmt: skip
+    p.add_argument("--chat-template", default=None,
+                   help="'chatml', a template name stored in the model, or a Jinja template")  # fmt: skip
+    p.add_argument("--metrics", action="store_true", help="accepted for llama-server "
+                   "compatibility (/metrics is always on)")  # fmt: skip
+    p.add_argument("-v", "--verbose", action="store_true", help="log every request")
+    add_sampling_args(p)
+    p.set_defaults(func=_serve)

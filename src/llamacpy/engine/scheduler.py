@@ -1,0 +1,528 @@
+"""Continuous batching over parallel slots: llama-server's engine loop.
+
+One engine thread owns the :class:`~.context.Context`. Each of the ``n_slots`` slots is one
+KV sequence (``seq_id`` = slot id) with at most ``n_ctx_slot`` positions. Every step:
+
+1. drop aborted and expired requests (their slots are free again before the next decode);
+2. admit queued requests into idle slots, choosing the slot whose cached tokens share the
+   longest prefix with the prompt (``cache_prompt``), else the least recently used one;
+3. build ONE batch: the next token of every generating sequence, then prompt chunks of the
+   slots still reading their prompt, at most ``n_batch`` tokens in all;
+4. decode it and hand each logits row to its request's :class:`SeqHandler`, which samples
+   the next token (or says the request is finished).
+
+The scheduler deals only in token ids, positions and logits rows; text, sampling and stop
+strings belong to the handler (``llamacpy.api.serving``). The API is small and thread-safe:
+:meth:`Scheduler.submit`, :meth:`Scheduler.abort`, :meth:`Scheduler.info`, :meth:`Scheduler.stop`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from ..errors import LlamacpyError, UsageError
+from .batch import Batch
+
+
+class QueueFullError(LlamacpyError):
+    """Every slot is busy and the wait queue is full: retry later."""
+
+
+class SchedulerClosedError(LlamacpyError):
+    """The scheduler is shutting down and accepts no new requests."""
+
+
+class SeqHandler(Protocol):
+    """What a request does with its logits (implemented above the engine)."""
+
+    def on_logits(self, row: np.ndarray) -> int | None:
+        """Sample from ``row`` (float32 ``[n_vocab]``); return the token to decode next, or
+        None when the request is finished (the handler has reported its result)."""
+        ...
+
+    def on_prompt_logits(self, pos0: int, rows: np.ndarray) -> None:
+        """Logits of prompt positions ``pos0..`` (only for ``prompt_logits`` requests)."""
+        ...
+
+    def on_end(self, reason: str, message: str = "") -> None:
+        """The scheduler ended the request: ``context`` (the slot is full), ``timeout``,
+        ``aborted``, ``shutdown`` or ``error`` (``message`` says what failed)."""
+        ...
+
+
+_ids = itertools.count()
+
+
+@dataclass(eq=False)
+class Request:
+    """One generation request. The scheduler fills the fields after ``handler``."""
+
+    prompt: list[int]
+    handler: SeqHandler
+    cache_prompt: bool = True
+    prompt_logits: bool = False  # logits of every prompt token (no prefix reuse)
+    id_slot: int = -1  # a slot to use (-1: any)
+    deadline: float | None = None  # time.monotonic() after which generation stops
+    id: int = field(default_factory=lambda: next(_ids))
+    slot: int = -1
+    n_cached: int = 0  # prompt tokens reused from the slot's cache
+    n_decoded: int = 0  # tokens generated (sampled)
+    state: str = "new"  # queued -> prompt -> generating -> done
+    t_submit: float = 0.0
+    t_start: float = 0.0  # admitted into a slot
+    t_prompt: float = 0.0  # prompt decoded (first token sampled)
+    t_end: float = 0.0
+    aborted: bool = False
+
+
+@dataclass(eq=False)
+class Slot:
+    """One KV sequence and the request using it."""
+
+    id: int
+    n_ctx: int
+    tokens: list[int] = field(default_factory=list)  # what the cache holds, pos i at i
+    request: Request | None = None
+    pending: list[int] = field(default_factory=list)  # prompt tokens still to decode
+    next_token: int | None = None  # sampled, to be decoded in the next step
+    t_last_used: float = 0.0
+
+    @property
+    def busy(self) -> bool:
+        return self.request is not None
+
+
+@dataclass
+class Counters:
+    """llama-server's ``/metrics`` counters (written by the engine thread only)."""
+
+    n_prompt_tokens: int = 0
+    t_prompt: float = 0.0
+    n_tokens_predicted: int = 0
+    t_predicted: float = 0.0
+    n_decode: int = 0
+    n_busy_slots: int = 0  # summed over decodes
+    n_tokens_max: int = 0
+    n_requests: int = 0
+    n_rejected: int = 0
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    x = np.asarray(a[:n], np.int64) != np.asarray(b[:n], np.int64)
+    return int(np.argmax(x)) if x.any() else n
+
+
+class Scheduler:
+    """Continuous batching over ``n_slots`` sequences of ``ctx`` (see the module docstring).
+
+    ``max_queue`` bounds the requests waiting for a slot: :meth:`submit` raises
+    :class:`QueueFullError` at once when ``n_slots + max_queue`` requests are in flight.
+    ``n_ctx_slot`` defaults to ``ctx.n_ctx // n_slots``. ``slot_similarity`` is
+    llama-server's ``--slot-prompt-similarity``: a cached prefix must cover at least this
+    fraction of the prompt for its slot to be preferred over the least recently used one.
+    """
+
+    def __init__(
+        self,
+        ctx: Any,
+        n_slots: int = 1,
+        *,
+        max_queue: int = 64,
+        n_ctx_slot: int | None = None,
+        slot_similarity: float = 0.1,
+    ) -> None:
+        if n_slots < 1 or n_slots > ctx.n_seq_max:
+            raise UsageError(
+                f"n_slots = {n_slots} needs a context with n_seq_max >= {n_slots} "
+                f"(it has {ctx.n_seq_max})"
+            )
+        if max_queue < 0:
+            raise UsageError(f"max_queue must be >= 0, not {max_queue}")
+        self.ctx = ctx
+        self.n_batch = int(ctx.n_batch)
+        self.n_ctx_slot = int(n_ctx_slot or ctx.n_ctx // n_slots)
+        if self.n_ctx_slot < 2 or self.n_ctx_slot * n_slots > ctx.n_ctx:
+            raise UsageError(
+                f"a context of {ctx.n_ctx} tokens cannot hold {n_slots} slots of "
+                f"{self.n_ctx_slot} tokens"
+            )
+        self.max_queue = max_queue
+        self.slot_similarity = slot_similarity
+        self.slots = [Slot(i, self.n_ctx_slot) for i in range(n_slots)]
+        self.counters = Counters()
+        self._queue: deque[Request] = deque()
+        self._n_inflight = 0
+        self._cond = threading.Condition()
+        self._aborts = False  # an abort is pending: look at the flags
+        self._closing = False
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+        self._hook = None  # tests: called with each batch before decoding
+
+    # ------------------------------------------------------------------ public API
+    def start(self) -> Scheduler:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="llamacpy-engine", daemon=True)
+            self._thread.start()
+        return self
+
+    def submit(self, req: Request) -> Request:
+        """Queue a request (thread-safe); raises :class:`QueueFullError` when full and
+        :class:`SchedulerClosedError` when stopping. Nothing accepted is ever dropped: every
+        accepted request ends with its handler returning None or :meth:`SeqHandler.on_end`."""
+        if not req.prompt:
+            raise UsageError("the prompt is empty")
+        with self._cond:
+            if self._closing:
+                raise SchedulerClosedError("the server is shutting down")
+            if self._n_inflight >= len(self.slots) + self.max_queue:
+                self.counters.n_rejected += 1
+                raise QueueFullError(
+                    f"all {len(self.slots)} slots are busy and {self.max_queue} requests wait"
+                )
+            self._n_inflight += 1
+            req.state = "queued"
+            req.t_submit = time.monotonic()
+            self._queue.append(req)
+            self._cond.notify()
+        return req
+
+    def abort(self, req: Request) -> None:
+        """Cancel a request (thread-safe): its slot is free before the next decode."""
+        with self._cond:
+            if req.state in ("done", "new") or req.aborted:
+                return
+            req.aborted = True
+            self._aborts = True
+            self._cond.notify()
+
+    @property
+    def n_queued(self) -> int:
+        return len(self._queue)
+
+    @property
+    def n_processing(self) -> int:
+        return sum(s.busy for s in self.slots)
+
+    def info(self) -> list[dict[str, Any]]:
+        """One dict per slot: id, n_ctx, is_processing, id_task, n_past (cached tokens)."""
+        return [
+            {
+                "id": s.id,
+                "n_ctx": s.n_ctx,
+                "is_processing": s.busy,
+                "id_task": s.request.id if s.request is not None else -1,
+                "n_past": len(s.tokens),
+            }
+            for s in self.slots
+        ]
+
+    def close(self) -> None:
+        """Accept no new requests (in-flight ones go on)."""
+        with self._cond:
+            self._closing = True
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until nothing is in flight; False on timeout."""
+        end = time.monotonic() + timeout
+        with self._cond:
+            while self._n_inflight:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.05))
+        return True
+
+    def stop(self, timeout: float = 0.0) -> None:
+        """Stop accepting, let in-flight work finish for up to ``timeout`` seconds, cancel the
+        rest (``on_end("shutdown")``) and end the engine thread."""
+        self.close()
+        if self._thread is not None:
+            self.wait_idle(timeout)
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        # without a thread (or after it), nothing may stay pending
+        for s in self.slots:
+            if s.request is not None:
+                self._end(s.request, "shutdown")
+        while self._queue:
+            self._end(self._queue.popleft(), "shutdown")
+
+    # ------------------------------------------------------------------ engine thread
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._stopped or self._queue or self._aborts or self.n_processing):
+                    self._cond.wait()
+                if self._stopped:
+                    break
+            try:
+                self.step()
+            except Exception as e:  # a bug must not leave requests waiting forever
+                self._fail_all(f"engine step failed: {type(e).__name__}: {e}")
+
+    def _fail_all(self, message: str) -> None:
+        for s in self.slots:
+            r = s.request
+            try:
+                self._reset_slot(s)
+            except Exception:
+                s.tokens.clear()
+            if r is not None:
+                self._end(r, "error", message)
+
+    def step(self) -> bool:
+        """One scheduling step; returns False when there was nothing to decode."""
+        self._reap()
+        self._admit()
+        batch, owners = self._plan()
+        if batch is None:
+            return False
+        if self._hook is not None:
+            self._hook(batch)
+        try:
+            logits = self.ctx.decode(batch)
+        except Exception as e:  # fail the requests of this batch, keep serving the others
+            for sid in {int(x) for x in batch.seq_id[:, 0]}:
+                slot = self.slots[sid]
+                self._reset_slot(slot)
+                if slot.request is not None:
+                    self._end(slot.request, "error", f"decode failed: {e}")
+            return True
+        c = self.counters
+        c.n_decode += 1
+        c.n_busy_slots += len({int(x) for x in batch.seq_id[:, 0]})
+        c.n_tokens_max = max(c.n_tokens_max, len(batch))
+        self._dispatch(owners, logits)
+        return True
+
+    def _reap(self) -> None:
+        now = time.monotonic()
+        with self._cond:
+            if self._aborts:
+                self._aborts = False
+                for r in [r for r in self._queue if r.aborted]:
+                    self._queue.remove(r)
+                    self._end_locked(r, "aborted")
+            queued_expired = [
+                r for r in self._queue if r.deadline is not None and now >= r.deadline
+            ]
+            for r in queued_expired:
+                self._queue.remove(r)
+                self._end_locked(r, "timeout")
+        for s in self.slots:
+            r = s.request
+            if r is None:
+                continue
+            if r.aborted:
+                self._end(r, "aborted")
+            elif r.deadline is not None and now >= r.deadline:
+                self._end(r, "timeout")
+
+    def _admit(self) -> None:
+        with self._cond:
+            if not self._queue:
+                return
+            idle = [s for s in self.slots if not s.busy]
+            waiting = list(self._queue)
+            for r in waiting:
+                if not idle:
+                    break
+                slot = self._pick(r, idle)
+                if slot is None:
+                    continue
+                idle.remove(slot)
+                self._queue.remove(r)
+                self._assign(slot, r)
+
+    def _pick(self, r: Request, idle: list[Slot]) -> Slot | None:
+        if r.id_slot >= 0:
+            return next((s for s in idle if s.id == r.id_slot), None)
+        if r.cache_prompt:
+            best = max(idle, key=lambda s: common_prefix(s.tokens, r.prompt))
+            n = common_prefix(best.tokens, r.prompt)
+            if n > 0 and n >= self.slot_similarity * len(r.prompt):
+                return best
+        return min(idle, key=lambda s: s.t_last_used)
+
+    def _assign(self, slot: Slot, r: Request) -> None:
+        n_keep = 0
+        if r.cache_prompt and not r.prompt_logits:
+            n_keep = common_prefix(slot.tokens, r.prompt)
+            n_keep = min(n_keep, len(r.prompt) - 1)  # decode the last one again: its logits
+        if n_keep < len(slot.tokens):
+            self.ctx.seq_rm(slot.id, n_keep, -1)
+            del slot.tokens[n_keep:]
+        slot.request, slot.pending, slot.next_token = r, list(r.prompt[n_keep:]), None
+        r.slot, r.n_cached, r.state = slot.id, n_keep, "prompt"
+        r.t_start = time.monotonic()
+        if len(r.prompt) >= slot.n_ctx:
+            self._end(
+                r, "error", f"the prompt ({len(r.prompt)} tokens) does not fit the slot context "
+                f"({slot.n_ctx} tokens)"
+            )  # fmt: skip
+
+    def _plan(self) -> tuple[Batch | None, list[tuple[Slot, str, int]]]:
+        """The step's batch and, per logits row, its slot, kind (``gen``, ``prompt``: the
+        last prompt token, ``prompt_row``: another prompt token) and position."""
+        tok: list[int] = []
+        pos: list[int] = []
+        seq: list[int] = []
+        want: list[bool] = []
+        owners: list[tuple[Slot, str, int]] = []
+        for s in self.slots:  # generating sequences first: one token each
+            if s.request is not None and s.next_token is not None:
+                p = len(s.tokens)
+                tok.append(s.next_token)
+                pos.append(p)
+                seq.append(s.id)
+                want.append(True)
+                owners.append((s, "gen", p))
+                s.tokens.append(s.next_token)  # the cache holds it once decoded
+                s.next_token = None
+        budget = self.n_batch - len(tok)
+        prompt_slots = sorted(
+            (s for s in self.slots if s.request is not None and s.pending),
+            key=lambda s: s.request.t_start,  # type: ignore[union-attr]
+        )
+        for s in prompt_slots:
+            if budget <= 0:
+                break
+            r = s.request
+            assert r is not None
+            chunk = s.pending[:budget]
+            last = len(chunk) == len(s.pending)
+            p0 = len(s.tokens)
+            tok.extend(chunk)
+            pos.extend(range(p0, p0 + len(chunk)))
+            seq.extend([s.id] * len(chunk))
+            if r.prompt_logits:
+                want.extend([True] * len(chunk))
+                owners.extend((s, "prompt_row", p0 + i) for i in range(len(chunk)))
+                if last:
+                    owners[-1] = (s, "prompt", p0 + len(chunk) - 1)
+            else:
+                want.extend([False] * (len(chunk) - 1) + [last])
+                if last:
+                    owners.append((s, "prompt", p0 + len(chunk) - 1))
+            s.tokens.extend(chunk)
+            del s.pending[: len(chunk)]
+            budget -= len(chunk)
+        if not tok:
+            return None, owners
+        n = len(tok)
+        batch = Batch(np.array(tok, np.int32), np.array(pos, np.int32),
+                      np.array(seq, np.int32).reshape(n, 1), np.array(want, bool))  # fmt: skip
+        return batch, owners
+
+    def _dispatch(self, owners: list[tuple[Slot, str, int]], logits: np.ndarray) -> None:
+        now = time.monotonic()
+        rows: dict[int, tuple[int, list[np.ndarray]]] = {}  # slot -> prompt logits rows
+        for k, (s, kind, p) in enumerate(owners):
+            r = s.request
+            if r is None or r.state == "done":
+                continue
+            if r.prompt_logits and kind != "gen":
+                rows.setdefault(s.id, (p, []))[1].append(logits[k])
+                if kind == "prompt_row":
+                    continue
+                p0, got = rows.pop(s.id)
+                self._call(r, "on_prompt_logits", p0, np.stack(got))
+                if r.state == "done":
+                    continue
+            if kind == "prompt":
+                r.state, r.t_prompt = "generating", now
+                c = self.counters
+                c.n_prompt_tokens += len(r.prompt) - r.n_cached
+                c.t_prompt += now - r.t_start
+            self._next(s, r, logits[k])
+        for sid, (p0, got) in rows.items():  # prompt rows of a chunk that is not the last
+            r = self.slots[sid].request
+            if r is not None:
+                self._call(r, "on_prompt_logits", p0, np.stack(got))
+
+    def _next(self, s: Slot, r: Request, row: np.ndarray) -> None:
+        try:
+            token = r.handler.on_logits(row)
+        except Exception as e:
+            self._end(r, "error", f"sampling failed: {e}")
+            return
+        if r.state == "done":
+            return
+        r.n_decoded += 1
+        if token is None:
+            self._finish(r)
+            return
+        if r.aborted:
+            self._end(r, "aborted")
+        elif len(s.tokens) + 1 >= s.n_ctx:  # no room to decode it and sample another
+            self._end(r, "context")
+        elif r.deadline is not None and time.monotonic() >= r.deadline:
+            self._end(r, "timeout")
+        else:
+            s.next_token = int(token)
+
+    def _call(self, r: Request, method: str, *args: Any) -> None:
+        try:
+            getattr(r.handler, method)(*args)
+        except Exception as e:
+            self._end(r, "error", f"{method} failed: {e}")
+
+    # ------------------------------------------------------------------ ending requests
+    def _reset_slot(self, s: Slot) -> None:
+        self.ctx.seq_rm(s.id, -1, -1)
+        s.tokens.clear()
+        s.pending.clear()
+        s.next_token = None
+
+    def _release(self, r: Request) -> None:
+        r.t_end = time.monotonic()
+        if r.slot >= 0:
+            s = self.slots[r.slot]
+            if s.request is r:
+                if s.pending:  # an unfinished prompt: the cache holds a useless partial one
+                    s.pending.clear()
+                s.request, s.next_token = None, None
+                s.t_last_used = r.t_end
+            if r.state == "generating":
+                c = self.counters
+                c.n_tokens_predicted += r.n_decoded
+                c.t_predicted += r.t_end - r.t_prompt
+        r.state = "done"
+        self.counters.n_requests += 1
+
+    def _finish(self, r: Request) -> None:
+        with self._cond:
+            self._release(r)
+            self._n_inflight -= 1
+            self._cond.notify_all()
+
+    def _end_locked(self, r: Request, reason: str, message: str = "") -> None:
+        if r.state == "done":
+            return
+        self._release(r)
+        self._n_inflight -= 1
+        self._cond.notify_all()
+        try:
+            r.handler.on_end(reason, message)
+        except Exception:
+            pass  # the request is over either way
+
+    def _end(self, r: Request, reason: str, message: str = "") -> None:
+        with self._cond:
+            self._end_locked(r, reason, message)

@@ -1,0 +1,398 @@
+"""The HTTP routes (llama-server's paths). Handlers parse, template, tokenize and stream;
+the engine thread does all decoding."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from .. import __version__
+from ..api import openai
+from ..api.serving import (
+    CompletionOptions,
+    Failure,
+    Final,
+    QueueFullError,
+    SchedulerClosedError,
+    ServingModel,
+)
+from ..errors import LlamacpyError
+from . import metrics, webui
+from .app import ServerState
+from .errors import APIError, bad_request
+from .responses import Shaper, sse
+from .schemas import CompletionRequest, Fields, check_tokens, parse_completion, parse_json
+from .streaming import Channel, ClientGone, EventStream, result_or_disconnect
+
+
+def _state(request: Request) -> ServerState:
+    return request.app.state.server
+
+
+async def read_body(request: Request) -> bytes:
+    limit = _state(request).config.max_body
+    chunks, n = [], 0
+    async for chunk in request.stream():
+        n += len(chunk)
+        if n > limit:
+            raise APIError(413, f"the request body is larger than {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def read_json(request: Request) -> dict[str, Any]:
+    return parse_json(await read_body(request))
+
+
+# ---------------------------------------------------------------------- simple routes
+async def index(request: Request) -> Response:
+    return HTMLResponse(webui.PAGE)
+
+
+async def health(request: Request) -> Response:
+    _state(request).ready()
+    return JSONResponse({"status": "ok"})
+
+
+def _model_card(st: ServerState) -> dict[str, Any]:
+    meta: dict[str, Any] = {}
+    m = st.model
+    if m is not None:
+        md = m.info.metadata
+        arch = m.info.arch
+        meta = {"vocab_type": 2 if m.tokenizer.vocab.type == "bpe" else 1,
+                "n_vocab": m.n_vocab, "n_ctx_train": int(md.get(f"{arch}.context_length", 0)),
+                "n_embd": int(md.get(f"{arch}.embedding_length", 0)),
+                "n_params": m.info.n_params, "size": m.info.size}  # fmt: skip
+    return {"id": st.model_name, "object": "model", "created": st.t_start,
+            "owned_by": "llamacpp", "meta": meta}  # fmt: skip
+
+
+async def models(request: Request) -> Response:
+    st = _state(request)
+    st.ready()
+    card = _model_card(st)
+    caps = ["completion"] if st.model is not None else ["embedding"]
+    return JSONResponse({
+        "models": [{"name": st.model_name, "model": st.model_name, "type": "model",
+                    "capabilities": caps}],
+        "object": "list",
+        "data": [card],
+    })  # fmt: skip
+
+
+async def model(request: Request) -> Response:
+    st = _state(request)
+    st.ready()
+    if request.path_params["model_id"] != st.model_name:
+        raise APIError(404, f"model {request.path_params['model_id']!r} not found")
+    return JSONResponse(_model_card(st))
+
+
+def _settings(m: ServingModel, sp: Any, n_predict: int, stop: list[str], stream: bool) -> dict:
+    return {
+        "n_predict": n_predict, "seed": sp.seed, "temperature": sp.temp,
+        "dynatemp_range": sp.dynatemp_range, "dynatemp_exponent": sp.dynatemp_exponent,
+        "top_k": sp.top_k, "top_p": sp.top_p, "min_p": sp.min_p, "top_n_sigma": sp.top_n_sigma,
+        "xtc_probability": sp.xtc_probability, "xtc_threshold": sp.xtc_threshold,
+        "typical_p": sp.typ_p, "repeat_last_n": sp.penalty_last_n,
+        "repeat_penalty": sp.penalty_repeat, "presence_penalty": sp.penalty_present,
+        "frequency_penalty": sp.penalty_freq, "dry_multiplier": sp.dry_multiplier,
+        "dry_base": sp.dry_base, "dry_allowed_length": sp.dry_allowed_length,
+        "dry_penalty_last_n": sp.dry_penalty_last_n, "mirostat": sp.mirostat,
+        "mirostat_tau": sp.mirostat_tau, "mirostat_eta": sp.mirostat_eta, "stop": stop,
+        "ignore_eos": sp.ignore_eos, "stream": stream, "n_probs": sp.n_probs,
+        "min_keep": sp.min_keep, "samplers": list(sp.samplers),
+        "logit_bias": [list(p) for p in sp.logit_bias],
+    }  # fmt: skip
+
+
+async def props(request: Request) -> Response:
+    st = _state(request)
+    m = st.generator()
+    tpl = m.template
+    return JSONResponse({
+        "default_generation_settings": {
+            "id": 0, "id_task": -1, "n_ctx": m.n_ctx_slot, "speculative": False,
+            "is_processing": False,
+            "params": _settings(m, m.sampling_defaults, st.config.n_predict, [], False),
+        },
+        "total_slots": m.n_parallel,
+        "model_path": str(m.info.path),
+        "model_alias": st.model_name,
+        "modalities": {"vision": False, "audio": False},
+        "chat_template": tpl.source,
+        "bos_token": tpl.bos_token,
+        "eos_token": tpl.eos_token,
+        "build_info": f"llamacpy {__version__}",
+    })  # fmt: skip
+
+
+async def slots(request: Request) -> Response:
+    m = _state(request).generator()
+    return JSONResponse(m.scheduler.info())
+
+
+async def metrics_route(request: Request) -> Response:
+    m = _state(request).generator()
+    return PlainTextResponse(metrics.render(m.scheduler, m.ctx),
+                             media_type="text/plain; version=0.0.4")  # fmt: skip
+
+
+async def tokenize(request: Request) -> Response:
+    st = _state(request)
+    tok = st.tokenizer()
+    f = Fields(await read_json(request))
+    content = f.raw("content", "")
+    add_special = f.bool("add_special", False)
+    parse_special = f.bool("parse_special", True)
+    with_pieces = f.bool("with_pieces", False)
+    if not isinstance(content, str):
+        raise bad_request("'content' must be a string")
+    ids = await run_in_threadpool(tok.encode, content, add_special, parse_special)
+    if not with_pieces:
+        return JSONResponse({"tokens": ids})
+    out = []
+    for t in ids:
+        b = tok.token_to_piece(t, True)
+        try:
+            piece: Any = b.decode("utf-8")
+        except UnicodeDecodeError:
+            piece = list(b)
+        out.append({"id": t, "piece": piece})
+    return JSONResponse({"tokens": out})
+
+
+async def detokenize(request: Request) -> Response:
+    tok = _state(request).tokenizer()
+    f = Fields(await read_json(request))
+    ids = check_tokens(f.list("tokens") or [], tok.n_vocab, "tokens")
+    return JSONResponse({"content": tok.decode(ids)})
+
+
+async def apply_template(request: Request) -> Response:
+    m = _state(request).generator()
+    data = await read_json(request)
+    creq = parse_completion({**data, "max_tokens": None}, "chat", m.n_vocab)
+    prompt = await run_in_threadpool(_render, m, creq)
+    return JSONResponse({"prompt": prompt})
+
+
+# ---------------------------------------------------------------------- completions
+def _render(m: ServingModel, creq: CompletionRequest) -> str:
+    try:
+        return m.apply_template(creq.messages or [], creq.tools, **creq.template_kwargs)
+    except (LlamacpyError, ValueError, TypeError, KeyError) as e:
+        raise bad_request(f"cannot apply the chat template: {e}") from None
+
+
+def _prepare(m: ServingModel, creq: CompletionRequest) -> tuple[list[int], str]:
+    """Prompt tokens (checked) and the prompt text (echo and the native ``prompt`` field)."""
+    if creq.kind == "chat":
+        text = _render(m, creq)
+        tokens = m.tokenize(text)
+    elif isinstance(creq.prompt, str):
+        text = creq.prompt
+        tokens = m.tokenize(text)
+    else:  # llama-server's mixed prompt: strings are tokenized, ids taken as they are
+        tokens = []
+        for i, part in enumerate(creq.prompt):
+            if isinstance(part, str):
+                tokens += m.tokenize(part, add_special=i == 0)
+            else:
+                tokens.append(part)
+        tokens = check_tokens(tokens, m.n_vocab)
+        text = m.detokenize(tokens)
+    if not tokens:
+        raise bad_request("the prompt is empty")
+    if len(tokens) >= m.n_ctx_slot:
+        raise APIError(
+            400, f"the request exceeds the available context size ({len(tokens)} prompt tokens, "
+            f"{m.n_ctx_slot} per slot), try increasing it", "exceed_context_size_error",
+            n_prompt_tokens=len(tokens), n_ctx=m.n_ctx_slot,
+        )  # fmt: skip
+    return tokens, text
+
+
+async def _completion(request: Request, kind: str) -> Response:
+    st = _state(request)
+    m = st.generator()
+    data = await read_json(request)
+    creq = parse_completion(data, kind, m.n_vocab)
+    if creq.id_slot >= m.n_parallel:
+        raise bad_request(f"'id_slot' must be below the number of slots ({m.n_parallel})")
+    tokens, text = await run_in_threadpool(_prepare, m, creq)
+    try:
+        sampling = m.sampling_params({**creq.sampling, "n_probs": creq.n_probs})
+    except LlamacpyError as e:
+        raise bad_request(str(e)) from None
+    n_predict = creq.n_predict if creq.n_predict >= 0 else st.config.n_predict
+    room = m.n_ctx_slot - len(tokens)
+    n_predict = room if n_predict < 0 or n_predict > room else n_predict  # capped by the context
+    timeout = min(creq.timeout or st.config.timeout, st.config.timeout)
+    opts = CompletionOptions(
+        n_predict=n_predict, stop=tuple(creq.stop), n_probs=creq.n_probs, logprobs=creq.logprobs,
+        post_sampling_probs=creq.post_sampling_probs,
+        echo_logprobs=creq.echo and creq.logprobs is not None,
+        text_offset=len(text) if kind == "completion" else 0, cache_prompt=creq.cache_prompt,
+        id_slot=creq.id_slot, timeout=timeout,
+    )  # fmt: skip
+    shaper = Shaper(
+        kind, creq.model or st.model_name, prompt_text=text, echo=creq.echo,
+        return_tokens=creq.return_tokens, include_usage=creq.include_usage,
+        settings=_settings(m, sampling, n_predict, creq.stop, creq.stream),
+    )  # fmt: skip
+    channel = Channel(chunks=creq.stream)
+    try:
+        req = m.submit(tokens, sampling, opts, channel.emit)
+    except QueueFullError as e:
+        raise APIError(429, f"the server is busy: {e}; retry later",
+                       headers={"Retry-After": "1"}) from None  # fmt: skip
+    except SchedulerClosedError as e:
+        raise APIError(503, str(e)) from None
+    except LlamacpyError as e:
+        raise bad_request(str(e)) from None
+
+    def abort() -> None:
+        m.abort(req)
+
+    if creq.stream:
+        return EventStream(_stream(channel, shaper, abort), on_disconnect=abort)
+    try:
+        ev = await result_or_disconnect(channel, request.receive, abort)
+    except ClientGone:
+        return Response(status_code=204)
+    if isinstance(ev, Failure):
+        raise _failure(ev)
+    return JSONResponse(shaper.result(ev))
+
+
+def _failure(ev: Failure) -> APIError:
+    status = {"shutdown": 503, "aborted": 503}.get(ev.kind, 500)
+    return APIError(status, ev.message)
+
+
+async def _stream(channel: Channel, shaper: Shaper, abort: Any) -> AsyncIterator[bytes]:
+    finished = False
+    try:
+        for b in shaper.first():
+            yield b
+        while True:
+            ev = await channel.get()
+            if isinstance(ev, Final):
+                finished = True
+                for b in shaper.last(ev):
+                    yield b
+                return
+            if isinstance(ev, Failure):
+                finished = True
+                yield sse(_failure(ev).body())
+                return
+            for b in shaper.chunk(ev):
+                yield b
+    finally:
+        if not finished:
+            abort()
+
+
+async def completion(request: Request) -> Response:
+    return await _completion(request, "native")
+
+
+async def v1_completions(request: Request) -> Response:
+    return await _completion(request, "completion")
+
+
+async def chat_completions(request: Request) -> Response:
+    return await _completion(request, "chat")
+
+
+# ---------------------------------------------------------------------- embeddings
+def _embed_input(data: dict[str, Any], key: str) -> list[str]:
+    v = data.get(key)
+    if v is None and key == "content":
+        v = data.get("input")
+    items = [v] if isinstance(v, str) else v
+    if not isinstance(items, list) or not items or not all(isinstance(s, str) for s in items):
+        raise bad_request(f"'{key}' must be a non-empty string or array of strings")
+    if len(items) > 256:
+        raise bad_request("at most 256 inputs per request")
+    return items
+
+
+async def _embed(request: Request, oai: bool) -> Response:
+    """``/v1/embeddings`` (OpenAI: pooled vectors, L2-normalized as llama-server, ``float``
+    or ``base64``) and ``/embedding`` (native: ``embd_normalize``, per-token vectors when the
+    pooling is ``none``), computed by :meth:`llamacpy.api.Llama.embed`."""
+    st = _state(request)
+    st.ready()
+    if st.embedder is None:
+        raise APIError(501, "This server does not support embeddings. Start it with "
+                       "`--embedding`")  # fmt: skip
+    data = await read_json(request)
+    f = Fields(data)
+    items = _embed_input(data, "input" if oai else "content")
+    fmt = f.str("encoding_format", "float")
+    if fmt not in ("float", "base64"):
+        raise bad_request("'encoding_format' must be 'float' or 'base64'")
+    norm = 2 if oai else f.int("embd_normalize", 2, -1, 1000)
+
+    def run() -> Any:
+        with st.embed_lock:
+            return st.embedder.embed(items, normalize=norm, return_count=True)
+
+    try:
+        embeds, n_tokens = await run_in_threadpool(run)
+    except NotImplementedError as e:
+        raise APIError(501, str(e)) from None
+    except (LlamacpyError, ValueError) as e:
+        raise bad_request(str(e)) from None
+    per_token = bool(embeds) and bool(embeds[0]) and isinstance(embeds[0][0], list)
+    if not oai:
+        return JSONResponse([{"index": i, "embedding": e if per_token else [e]}
+                             for i, e in enumerate(embeds)])  # fmt: skip
+    if per_token:
+        raise bad_request("Pooling type 'none' is not OAI compatible. Please use a different "
+                          "pooling type")  # fmt: skip
+    if fmt == "base64":
+        embeds = [base64.b64encode(np.asarray(e, "<f4").tobytes()).decode() for e in embeds]
+    return JSONResponse(openai.embedding_response(embeds, st.model_name, n_tokens))
+
+
+async def embedding(request: Request) -> Response:
+    return await _embed(request, False)
+
+
+async def v1_embeddings(request: Request) -> Response:
+    return await _embed(request, True)
+
+
+ROUTES = [
+    Route("/", index, methods=["GET"]),
+    Route("/health", health, methods=["GET"]),
+    Route("/v1/health", health, methods=["GET"]),
+    Route("/models", models, methods=["GET"]),
+    Route("/v1/models", models, methods=["GET"]),
+    Route("/v1/models/{model_id:path}", model, methods=["GET"]),
+    Route("/props", props, methods=["GET"]),
+    Route("/slots", slots, methods=["GET"]),
+    Route("/metrics", metrics_route, methods=["GET"]),
+    Route("/completion", completion, methods=["POST"]),
+    Route("/completions", completion, methods=["POST"]),
+    Route("/v1/completions", v1_completions, methods=["POST"]),
+    Route("/chat/completions", chat_completions, methods=["POST"]),
+    Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    Route("/tokenize", tokenize, methods=["POST"]),
+    Route("/detokenize", detokenize, methods=["POST"]),
+    Route("/apply-template", apply_template, methods=["POST"]),
+    Route("/embedding", embedding, methods=["POST"]),
+    Route("/embeddings", embedding, methods=["POST"]),
+    Route("/v1/embeddings", v1_embeddings, methods=["POST"]),
+]
