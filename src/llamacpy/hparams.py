@@ -19,7 +19,7 @@ from .gguf.constants import KEY_ARCHITECTURE
 
 # Architectures whose hyper-parameters and tensor layout are known. The engine registers the
 # ones it can run; this table only describes what a well-formed file must contain.
-SUPPORTED_ARCHITECTURES = ("llama", "gemma3")
+SUPPORTED_ARCHITECTURES = ("llama", "gemma3", "qwen2", "qwen3", "phi3")
 
 
 @dataclass(frozen=True)
@@ -125,13 +125,20 @@ class HParams:
                 b + "ffn_up.weight": (e, self.n_ff),
                 b + "ffn_down.weight": (self.n_ff, e),
             }
-            if self.arch == "gemma3":
+            if self.arch in ("gemma3", "qwen3"):
                 shapes |= {
                     b + "attn_q_norm.weight": (self.n_embd_head_k,),
                     b + "attn_k_norm.weight": (self.n_embd_head_k,),
+                }
+            if self.arch == "gemma3":
+                shapes |= {
                     b + "post_attention_norm.weight": (e,),
                     b + "post_ffw_norm.weight": (e,),
                 }
+            if self.arch == "phi3":  # fused gate|up; q/k/v fused or not (checked at load)
+                for name in ("attn_q", "attn_k", "attn_v", "ffn_gate"):
+                    del shapes[b + name + ".weight"]
+                shapes[b + "ffn_up.weight"] = (e, 2 * self.n_ff)
         return shapes
 
 

@@ -112,7 +112,7 @@ class Context:
                 seq_pos_max=kv.seq_pos_max,
             )
             kv.apply_shift(
-                getattr(self.model, "rope_layers", self.model.rope), self.model.freqs_arr
+                getattr(self.model, "rope_layers", self.model.rope), self._rope_factors()
             )
             ubs = split_batch(batch, self.n_ubatch)
             if len(ubs) == 1:
@@ -206,7 +206,7 @@ class Context:
                 h = self.model.encode(self.ws, batch.token, batch.pos, batch.seq_id[:, 0], nth)
                 return np.array(h, np.float32)
             rope = getattr(self.model, "rope_layers", self.model.rope)
-            kv.apply_shift(rope, self.model.freqs_arr)
+            kv.apply_shift(rope, self._rope_factors())
             out = np.empty((n, self.model.hparams.n_embd), np.float32)
             row = 0
             for ub in split_batch(batch, self.n_ubatch):
@@ -215,6 +215,11 @@ class Context:
                 out[row : row + len(ub)] = self._hidden_states(len(ub))
                 row += len(ub)
             return out
+
+    def _rope_factors(self) -> np.ndarray:
+        """The model's rope frequency factors for this context's size (phi3: long or short)."""
+        pick = getattr(self.model, "rope_factors", None)
+        return self.model.freqs_arr if pick is None else pick(self.n_ctx)
 
     def _threads(self, nth: int) -> None:
         key = (threading.get_ident(), nth)

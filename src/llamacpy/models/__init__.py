@@ -20,6 +20,9 @@ from .weights import TensorSource, model_file
 _ARCHITECTURES: dict[str, tuple[str, str]] = {
     "llama": ("llamacpy.models.llama", "LlamaModel"),
     "gemma3": ("llamacpy.models.gemma3", "Gemma3Model"),
+    "qwen2": ("llamacpy.models.qwen2", "Qwen2Model"),
+    "qwen3": ("llamacpy.models.qwen3", "Qwen3Model"),
+    "phi3": ("llamacpy.models.phi3", "Phi3Model"),
     "bert": ("llamacpy.models.bert", "BertModel"),
 }
 

@@ -244,12 +244,20 @@ class LlamaModel:
                 [x.attn_norm.offset, x.ffn_norm.offset]
                 + [
                     off(x, n)
-                    for n in ("attn_q_norm", "attn_k_norm", "post_attention_norm", "post_ffw_norm")
+                    for n in (
+                        "attn_q_norm",
+                        "attn_k_norm",
+                        "post_attention_norm",
+                        "post_ffw_norm",
+                        "attn_q_bias",
+                        "attn_k_bias",
+                        "attn_v_bias",
+                    )
                 ]
                 for x in b
             ],
             np.int64,
-        ).reshape(-1, 6)
+        ).reshape(-1, 9)
         swa = self.layer_swa or (False,) * len(b)
         self.layer_kind = np.array([1 if s else 0 for s in swa], np.int64)
         self.layer_need = np.array(
@@ -313,6 +321,11 @@ class LlamaModel:
         forward for all models, instead of one per set of weight formats)."""
         self.fmask = format_mask(formats.SUPPORTED_TYPES)
 
+    def rope_factors(self, n_ctx: int) -> np.ndarray:
+        """The rope frequency factors of a context of ``n_ctx`` cells (empty: none); phi3
+        picks its long or short factors by the context size."""
+        return self.freqs_arr
+
     # ------------------------------------------------------------------ running
     def workspace(self, n_tokens: int, n_threads: int) -> Workspace:
         return Workspace(self, n_tokens, n_threads)
@@ -336,7 +349,7 @@ class LlamaModel:
             self.hp_arr,
             self.fp_arr,
             self.rope_arr,
-            self.freqs_arr,
+            self.rope_factors(int(kv_arrays[2][3])),
             (ub.tokens, ub.pos, ub.cells, ub.mask, mask_swa, ub.out_idx, info),
             kv_arrays,
             ws.scratch(),

@@ -12,7 +12,8 @@ Argument groups (tuples of arrays; see :class:`llamacpy.models.llama.Workspace`)
 
 * ``WT = (W, WD, NF)``: repacked matrices, their descriptors, float vectors;
 * ``LT = (LW, LN, LNEED, LKIND)``: per layer the matrix indices (q, k, v, o, gate, up,
-  down), norm offsets (attn, ffn, q, k, attn post, ffn post; -1 when the layer has none),
+  down), vector offsets (norms: attn, ffn, q, k, attn post, ffn post; q, k, v biases; -1
+  when the layer has none),
   activation kinds needed (attn in, o in, ffn in, down in) and attention kind (0 global,
   1 sliding window: picks the rope row and the mask);
 * ``GT``: token_embd index, output index, output_norm offset, output activation kinds;
@@ -174,10 +175,20 @@ def _worker(fmask, tid, nth, WT, LT, GT, HP, FP, RP, FF, UB, KV, S, bar):
         clk = tick(prof, tid, P_QKV, clk)
         clk = timed_barrier(bar, nth, prof, tid, clk)
 
-        # ---- per-head q/k norms, rope, query scale, cache write
+        # ---- q/k/v biases (qwen2), per-head q/k norms, rope, query scale, cache write
         lbase = il * n_head_kv * hstride
         qn, kn = LN[il, 2], LN[il, 3]
+        qb, kb, vb = LN[il, 6], LN[il, 7], LN[il, 8]
         for t in range(t0, t1):
+            if qb >= 0:
+                for i in range(qdim):
+                    Q[t, i] += NF[qb + i]
+            if kb >= 0:
+                for i in range(n_head_kv * hd):
+                    KN[t, i] += NF[kb + i]
+            if vb >= 0:
+                for i in range(n_head_kv * hd):
+                    VN[t, i] += NF[vb + i]
             if qn >= 0:
                 head_rms_norm(Q, t, n_head, hd, NF[qn : qn + hd], eps)
             if kn >= 0:

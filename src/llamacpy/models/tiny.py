@@ -3,8 +3,14 @@
 ``write_tiny_llama(path, weight_type, seed)`` writes a 2-layer llama GGUF whose matrices are
 random blocks of the given ggml type (random quants, scales chosen so weights have a
 standard deviation of about 0.05) and whose vocabulary is 259 SentencePiece byte tokens, so
-llama.cpp loads it too. Only numpy and the GGUF writer are used: the file is byte-identical
-for a given seed, type and numpy version.
+llama.cpp loads it too. ``arch`` picks a variant of the same decoder: ``qwen2`` (Q/K/V
+biases), ``qwen3`` (per-head Q/K norms, head size 32 != n_embd/n_head), ``phi3`` (fused
+``attn_qkv`` and gate|up ``ffn_up``, ``rope_factors_long/short`` and a rope attention
+factor), ``gemma3`` (Q/K norms, post-norms, layers alternating sliding-window and global
+attention, window 4); ``sliding_window`` adds ``{arch}.attention.sliding_window``
+(mistral-style files). ``write_tiny_bert`` writes a tiny random ``bert`` encoder.
+Only numpy and the GGUF writer are used: the file is byte-identical for a given seed, type,
+arch and numpy version.
 """
 
 from __future__ import annotations
@@ -31,6 +37,9 @@ _SCALES: dict[GGMLType, tuple[tuple[int, float], ...]] = {
     GGMLType.Q6_K: ((208, 0.00022),),
     GGMLType.IQ4_XS: ((0, 0.00003),),
 }
+TINY_ARCHS = ("llama", "qwen2", "qwen3", "phi3", "gemma3")
+PHI3_ORIG_CTX = 256  # phi3: rope.scaling.original_context_length (long factors above it)
+PHI3_N_CTX = 1024  # phi3: context_length
 TINY_SHAPE = {
     "n_embd": 256,
     "n_head": 4,
@@ -73,35 +82,57 @@ def write_tiny_llama(
     weight_type: GGMLType | int,
     seed: int = 0,
     rope: str = "none",
+    arch: str = "llama",
+    sliding_window: int = 0,
+    attn_factor: float = 1.2,
     **shape: int,
 ) -> None:
-    """Write a tiny random llama GGUF with every matrix of type ``weight_type``.
+    """Write a tiny random GGUF of ``arch`` with every matrix of type ``weight_type``.
 
     ``rope``: ``"none"``; ``"linear"`` (factor 2); ``"yarn"`` (factor 4 over an original
     context of 64); ``"llama3"`` (a ``rope_freqs.weight`` tensor of frequency factors).
+    ``attn_factor``: phi3's ``rope.scaling.attn_factor``.
     """
-    s = {**TINY_SHAPE, **shape}
+    if arch not in TINY_ARCHS:
+        raise ValueError(f"tiny models exist for {', '.join(TINY_ARCHS)}, not {arch!r}")
+    s = {**TINY_SHAPE, **({"n_ctx": PHI3_N_CTX} if arch == "phi3" else {}), **shape}
     e, f, v = s["n_embd"], s["n_ff"], s["n_vocab"]
-    hd = e // s["n_head"]
+    hd = 32 if arch == "qwen3" else e // s["n_head"]
+    qd = hd * s["n_head"]
     kvd = hd * s["n_head_kv"]
     rng = np.random.default_rng(seed)
     w = GGUFWriter(path)
-    w.add("general.architecture", "llama")
-    w.add("general.name", f"tiny-llama-{GGMLType(weight_type).name.lower()}")
-    w.add("llama.context_length", s["n_ctx"], GGUFValueType.UINT32)
-    w.add("llama.embedding_length", e, GGUFValueType.UINT32)
-    w.add("llama.block_count", s["n_layer"], GGUFValueType.UINT32)
-    w.add("llama.feed_forward_length", f, GGUFValueType.UINT32)
-    w.add("llama.attention.head_count", s["n_head"], GGUFValueType.UINT32)
-    w.add("llama.attention.head_count_kv", s["n_head_kv"], GGUFValueType.UINT32)
-    w.add("llama.rope.dimension_count", hd, GGUFValueType.UINT32)
-    w.add("llama.rope.freq_base", 10000.0, GGUFValueType.FLOAT32)
-    w.add("llama.attention.layer_norm_rms_epsilon", 1e-5, GGUFValueType.FLOAT32)
+    a = arch
+    w.add("general.architecture", a)
+    # (llama.cpp keys vocabulary fix-ups on names containing "phi3": keep the arch out)
+    label = "llama" if a == "llama" else "random"
+    w.add("general.name", f"tiny-{label}-{GGMLType(weight_type).name.lower()}")
+    w.add(f"{a}.context_length", s["n_ctx"], GGUFValueType.UINT32)
+    w.add(f"{a}.embedding_length", e, GGUFValueType.UINT32)
+    w.add(f"{a}.block_count", s["n_layer"], GGUFValueType.UINT32)
+    w.add(f"{a}.feed_forward_length", f, GGUFValueType.UINT32)
+    w.add(f"{a}.attention.head_count", s["n_head"], GGUFValueType.UINT32)
+    w.add(f"{a}.attention.head_count_kv", s["n_head_kv"], GGUFValueType.UINT32)
+    if arch == "qwen3":
+        w.add(f"{a}.attention.key_length", hd, GGUFValueType.UINT32)
+        w.add(f"{a}.attention.value_length", hd, GGUFValueType.UINT32)
+    w.add(f"{a}.rope.dimension_count", hd, GGUFValueType.UINT32)
+    w.add(f"{a}.rope.freq_base", 10000.0, GGUFValueType.FLOAT32)
+    w.add(f"{a}.attention.layer_norm_rms_epsilon", 1e-5, GGUFValueType.FLOAT32)
+    if arch == "gemma3":
+        sliding_window = sliding_window or 4
+        w.add(f"{a}.attention.sliding_window_pattern", 2, GGUFValueType.UINT32)
+        w.add(f"{a}.rope.freq_base_swa", 1000.0, GGUFValueType.FLOAT32)
+    if sliding_window:
+        w.add(f"{a}.attention.sliding_window", sliding_window, GGUFValueType.UINT32)
+    if arch == "phi3":
+        w.add(f"{a}.rope.scaling.original_context_length", PHI3_ORIG_CTX, GGUFValueType.UINT32)
+        w.add(f"{a}.rope.scaling.attn_factor", attn_factor, GGUFValueType.FLOAT32)
     if rope in ("linear", "yarn"):
-        w.add("llama.rope.scaling.type", rope)
-        w.add("llama.rope.scaling.factor", 2.0 if rope == "linear" else 4.0, GGUFValueType.FLOAT32)
+        w.add(f"{a}.rope.scaling.type", rope)
+        w.add(f"{a}.rope.scaling.factor", 2.0 if rope == "linear" else 4.0, GGUFValueType.FLOAT32)
     if rope == "yarn":
-        w.add("llama.rope.scaling.original_context_length", 64, GGUFValueType.UINT32)
+        w.add(f"{a}.rope.scaling.original_context_length", 64, GGUFValueType.UINT32)
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(v - 3)]
     w.add("tokenizer.ggml.model", "llama")
     w.add("tokenizer.ggml.tokens", tokens, GGUFValueType.ARRAY, GGUFValueType.STRING)
@@ -112,24 +143,101 @@ def write_tiny_llama(
     w.add("tokenizer.ggml.add_bos_token", False)
     t = GGMLType(weight_type)
 
-    def norm() -> np.ndarray:
-        return (1.0 + _normal(rng, e)).astype(np.float32)
+    def norm(n: int = e) -> np.ndarray:
+        return (1.0 + _normal(rng, n)).astype(np.float32)
 
-    w.add_tensor("token_embd.weight", t, (e, v), random_tensor(rng, t, v, e))
+    def mat(name: str, nrows: int, ncols: int) -> None:
+        w.add_tensor(name, t, (ncols, nrows), random_tensor(rng, t, nrows, ncols))
+
+    mat("token_embd.weight", v, e)
     for i in range(s["n_layer"]):
         p = f"blk.{i}."
         w.add_tensor(p + "attn_norm.weight", GGMLType.F32, (e,), norm())
-        w.add_tensor(p + "attn_q.weight", t, (e, e), random_tensor(rng, t, e, e))
-        w.add_tensor(p + "attn_k.weight", t, (e, kvd), random_tensor(rng, t, kvd, e))
-        w.add_tensor(p + "attn_v.weight", t, (e, kvd), random_tensor(rng, t, kvd, e))
-        w.add_tensor(p + "attn_output.weight", t, (e, e), random_tensor(rng, t, e, e))
+        if arch == "phi3":
+            mat(p + "attn_qkv.weight", qd + 2 * kvd, e)
+        else:
+            mat(p + "attn_q.weight", qd, e)
+            mat(p + "attn_k.weight", kvd, e)
+            mat(p + "attn_v.weight", kvd, e)
+        if arch == "qwen2":  # biases of std 0.5: large enough to matter
+            for name, n in (("attn_q", qd), ("attn_k", kvd), ("attn_v", kvd)):
+                w.add_tensor(p + name + ".bias", GGMLType.F32, (n,), 10.0 * _normal(rng, n))
+        if arch in ("qwen3", "gemma3"):
+            w.add_tensor(p + "attn_q_norm.weight", GGMLType.F32, (hd,), norm(hd))
+            w.add_tensor(p + "attn_k_norm.weight", GGMLType.F32, (hd,), norm(hd))
+        mat(p + "attn_output.weight", e, qd)
+        if arch == "gemma3":
+            w.add_tensor(p + "post_attention_norm.weight", GGMLType.F32, (e,), norm())
         w.add_tensor(p + "ffn_norm.weight", GGMLType.F32, (e,), norm())
-        w.add_tensor(p + "ffn_gate.weight", t, (e, f), random_tensor(rng, t, f, e))
-        w.add_tensor(p + "ffn_up.weight", t, (e, f), random_tensor(rng, t, f, e))
-        w.add_tensor(p + "ffn_down.weight", t, (f, e), random_tensor(rng, t, e, f))
+        if arch == "phi3":
+            mat(p + "ffn_up.weight", 2 * f, e)
+        else:
+            mat(p + "ffn_gate.weight", f, e)
+            mat(p + "ffn_up.weight", f, e)
+        mat(p + "ffn_down.weight", e, f)
+        if arch == "gemma3":
+            w.add_tensor(p + "post_ffw_norm.weight", GGMLType.F32, (e,), norm())
     w.add_tensor("output_norm.weight", GGMLType.F32, (e,), norm())
-    w.add_tensor("output.weight", t, (e, v), random_tensor(rng, t, v, e))
+    mat("output.weight", v, e)
     if rope == "llama3":
         freqs = np.geomspace(1.0, 8.0, hd // 2).astype(np.float32)
         w.add_tensor("rope_freqs.weight", GGMLType.F32, (hd // 2,), freqs)
+    if arch == "phi3":
+        long_f = np.geomspace(1.0, 6.0, hd // 2).astype(np.float32)
+        short_f = np.geomspace(1.0, 1.5, hd // 2).astype(np.float32)
+        w.add_tensor("rope_factors_long.weight", GGMLType.F32, (hd // 2,), long_f)
+        w.add_tensor("rope_factors_short.weight", GGMLType.F32, (hd // 2,), short_f)
+    w.write()
+
+
+def write_tiny_bert(
+    path: str | os.PathLike[str], weight_type: GGMLType | int, seed: int = 0
+) -> None:
+    """Write a tiny random 2-layer ``bert`` encoder GGUF (matrices of ``weight_type``; a
+    WordPiece vocabulary of 259 tokens; mean pooling)."""
+    e, f, n_layer, v, n_ctx = 128, 256, 2, 259, 128
+    rng = np.random.default_rng(seed)
+    w = GGUFWriter(path)
+    w.add("general.architecture", "bert")
+    w.add("general.name", f"tiny-bert-{GGMLType(weight_type).name.lower()}")
+    for key, val in (("context_length", n_ctx), ("embedding_length", e),
+                     ("feed_forward_length", f), ("block_count", n_layer),
+                     ("attention.head_count", 4), ("pooling_type", 1)):  # fmt: skip
+        w.add(f"bert.{key}", val, GGUFValueType.UINT32)
+    w.add("bert.attention.layer_norm_epsilon", 1e-12, GGUFValueType.FLOAT32)
+    w.add("bert.attention.causal", False)
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"t{i}" for i in range(v - 5)]
+    w.add("tokenizer.ggml.model", "bert")
+    w.add("tokenizer.ggml.tokens", tokens, GGUFValueType.ARRAY, GGUFValueType.STRING)
+    w.add("tokenizer.ggml.token_type", np.array([3] * 5 + [1] * (v - 5), np.int32))
+    w.add("tokenizer.ggml.unknown_token_id", 1, GGUFValueType.UINT32)
+    w.add("tokenizer.ggml.cls_token_id", 2, GGUFValueType.UINT32)
+    w.add("tokenizer.ggml.seperator_token_id", 3, GGUFValueType.UINT32)
+    t = GGMLType(weight_type)
+
+    def vec(name: str, n: int, mean: float) -> None:
+        w.add_tensor(name, GGMLType.F32, (n,), (mean + _normal(rng, n)).astype(np.float32))
+
+    def mat(name: str, nrows: int, ncols: int) -> None:
+        w.add_tensor(name, t, (ncols, nrows), random_tensor(rng, t, nrows, ncols))
+
+    mat("token_embd.weight", v, e)
+    w.add_tensor("token_types.weight", GGMLType.F32, (e, 2), _normal(rng, 2 * e))
+    w.add_tensor("position_embd.weight", GGMLType.F32, (e, n_ctx), _normal(rng, n_ctx * e))
+    vec("token_embd_norm.weight", e, 1.0)
+    vec("token_embd_norm.bias", e, 0.0)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        for name, nrows, ncols in (("attn_q", e, e), ("attn_k", e, e), ("attn_v", e, e),
+                                   ("attn_output", e, e)):  # fmt: skip
+            mat(p + name + ".weight", nrows, ncols)
+            vec(p + name + ".bias", nrows, 0.0)
+        vec(p + "attn_output_norm.weight", e, 1.0)
+        vec(p + "attn_output_norm.bias", e, 0.0)
+        mat(p + "ffn_up.weight", f, e)
+        vec(p + "ffn_up.bias", f, 0.0)
+        mat(p + "ffn_down.weight", e, f)
+        vec(p + "ffn_down.bias", e, 0.0)
+        vec(p + "layer_output_norm.weight", e, 1.0)
+        vec(p + "layer_output_norm.bias", e, 0.0)
     w.write()

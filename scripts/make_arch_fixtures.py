@@ -1,0 +1,108 @@
+#!/usr/bin/env python
+"""Produce the fixtures of the architecture tests with llama.cpp (the oracle; dev-only).
+
+Run from the repository root with the project's venv::
+
+    .venv/bin/python scripts/make_arch_fixtures.py [--oracle-py /root/oracle/py]
+
+Writes ``tests/fixtures/engine/arch_logits.npz``: for every case (tiny random model of
+``llamacpy.models.tiny``, seed 3, F32 and Q8_0 weights, rebuilt by the tests) the file's
+sha256, llama.cpp's logits on ``tokens`` (teacher-forced, every position) and a greedy
+continuation of ``prompt``. Cases: ``qwen2``, ``qwen3``, ``phi3`` (context 256: short rope
+factors; ``phi3_long``: the same file in a context of 512, above the original context of
+256, so the long factors; llama.cpp rounds contexts up to multiples of 256 before it
+chooses), and ``llama_swa`` (a llama file with
+``llama.attention.sliding_window`` = 4).
+
+The oracle runs in a subprocess (``--oracle-py``, the llama-cpp-python interpreter); the
+tests never need it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+
+from llamacpy.gguf import GGMLType  # noqa: E402
+from llamacpy.models.tiny import write_tiny_llama  # noqa: E402
+
+FIX = ROOT / "tests" / "fixtures" / "engine"
+SEED = 3
+TOKENS = [1, 50, 72, 101, 108, 108, 111, 33, 200, 3, 77, 140, 9, 250, 31, 66, 100, 12]
+PROMPT = [1, 84, 104, 101, 32, 99]
+N_GREEDY = 16
+# case -> (arch, tiny-model options, n_ctx)
+CASES = {
+    "qwen2": ("qwen2", {}, 64),
+    "qwen3": ("qwen3", {}, 64),
+    "phi3": ("phi3", {}, 256),
+    "phi3_long": ("phi3", {}, 512),
+    "llama_swa": ("llama", {"sliding_window": 4}, 64),
+}
+TYPES = (GGMLType.F32, GGMLType.Q8_0)
+
+_CODE = """
+import json, numpy as np
+from llama_cpp import Llama
+m = Llama({path!r}, n_ctx={n_ctx}, n_batch=64, logits_all=True, verbose=False,
+          flash_attn=True, n_threads=2)
+m.eval({tokens})
+logits = np.array(m.scores[:{n}], dtype=np.float32).tolist()
+m.reset()
+m.eval({prompt})
+out = []
+for k in range({n_gen}):
+    t = int(np.argmax(m.scores[m.n_tokens - 1]))
+    out.append(t)
+    m.eval([t])
+print(json.dumps({{"logits": logits, "greedy": out}}))
+"""
+
+
+def oracle(py: str, code: str) -> dict:
+    """Run ``code`` with the oracle interpreter; it prints one JSON object last."""
+    r = subprocess.run([py, "-c", code], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"oracle failed:\n{r.stderr[-3000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--oracle-py", default="/root/oracle/py")
+    args = ap.parse_args()
+    out: dict[str, np.ndarray] = {
+        "tokens": np.array(TOKENS, np.int32),
+        "prompt": np.array(PROMPT, np.int32),
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        for case, (arch, opts, n_ctx) in CASES.items():
+            for t in TYPES:
+                key = f"{case}.{t.name}"
+                path = Path(tmp) / f"{arch}_{t.name}.gguf"
+                write_tiny_llama(path, t, seed=SEED, arch=arch, **opts)
+                code = _CODE.format(
+                    path=str(path), n_ctx=n_ctx, tokens=TOKENS, n=len(TOKENS),
+                    prompt=PROMPT, n_gen=N_GREEDY,
+                )  # fmt: skip
+                res = oracle(args.oracle_py, code)
+                out[f"{key}.logits"] = np.array(res["logits"], np.float32)
+                out[f"{key}.greedy"] = np.array(res["greedy"], np.int32)
+                out[f"{key}.sha256"] = np.array(hashlib.sha256(path.read_bytes()).hexdigest())
+                mx = np.abs(out[f"{key}.logits"]).max()
+                print(f"{key}: |logits| max {mx:.3f}, greedy {res['greedy']}")
+    np.savez_compressed(FIX / "arch_logits.npz", **out)
+
+
+if __name__ == "__main__":
+    main()

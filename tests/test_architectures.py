@@ -1,0 +1,251 @@
+"""The shared runner every registered architecture goes through, and the variants' agreement
+with llama.cpp.
+
+* ``BUILDERS`` writes a tiny random model of each architecture (``llamacpy.models.tiny``);
+  registering an architecture without an entry here fails
+  ``test_every_architecture_has_a_tiny_model``.
+* Decoders: logits shapes, cached decode (prompt, then one token at a time) == one full
+  forward, a batch of two sequences == each alone, ``seq_rm`` + re-decode == the first pass.
+  Encoders (bert): embedding shapes, two sequences in one batch == each alone.
+* qwen2, qwen3, phi3 (short and long rope factors) and a llama file with
+  ``llama.attention.sliding_window`` (llama.cpp ignores the key for ``llama``; so do we) vs
+  llama.cpp's logits and greedy continuations (``tests/fixtures/engine/arch_logits.npz``,
+  ``scripts/make_arch_fixtures.py``).
+* An unknown ``general.architecture`` is an error listing the supported ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llamacpy.engine import Batch, Context, ContextParams
+from llamacpy.errors import ModelError
+from llamacpy.gguf import GGMLType, GGUFValueType, GGUFWriter
+from llamacpy.models import load_model, supported_architectures
+from llamacpy.models.tiny import write_tiny_bert, write_tiny_llama
+
+FIX = np.load(Path(__file__).parent / "fixtures" / "engine" / "arch_logits.npz")
+SEED = 3  # the fixtures' seed
+RTOL_F32 = 1e-3  # of max |logit|, F32 weights (the issue's bound)
+RTOL_Q8_0 = 1e-5
+
+Builder = Callable[[Path, GGMLType], None]
+
+
+def _decoder(arch: str, **kw) -> Builder:
+    return lambda path, t: write_tiny_llama(path, t, seed=SEED, arch=arch, **kw)
+
+
+# architecture -> writer of a tiny random model of it (every registered one needs an entry)
+BUILDERS: dict[str, Builder] = {
+    "llama": _decoder("llama"),
+    "gemma3": _decoder("gemma3"),  # sliding window 4 on every other layer
+    "qwen2": _decoder("qwen2"),
+    "qwen3": _decoder("qwen3"),
+    "phi3": _decoder("phi3"),
+    "bert": lambda path, t: write_tiny_bert(path, t, seed=SEED),
+}
+ENCODERS = {"bert"}
+TOKENS = FIX["tokens"].tolist()  # 18 tokens: past gemma3's window of 4
+PROMPT = FIX["prompt"].tolist()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("arch")
+
+
+def tiny(model_dir: Path, arch: str, t: GGMLType = GGMLType.Q8_0, **kw) -> Path:
+    name = f"{arch}_{t.name}" + "".join(f"_{k}{v}" for k, v in kw.items())
+    path = model_dir / f"{name}.gguf"
+    if not path.exists():
+        if kw:
+            _decoder(arch, **kw)(path, t)
+        else:
+            BUILDERS[arch](path, t)
+    return path
+
+
+def _params(**kw) -> ContextParams:
+    return ContextParams(**{"n_ctx": 64, "n_threads": 2, "kernel_formats": "all", **kw})
+
+
+def test_every_architecture_has_a_tiny_model() -> None:
+    missing = sorted(set(supported_architectures()) - set(BUILDERS))
+    assert not missing, f"registered without a tiny model in BUILDERS: {missing}"
+
+
+# ---------------------------------------------------------------------- shared runner
+@pytest.mark.parametrize("arch", supported_architectures())
+def test_shapes_and_cached_decode(model_dir: Path, arch: str) -> None:
+    path = tiny(model_dir, arch)
+    if arch in ENCODERS:
+        ctx = Context(path, _params(embeddings=True))
+        h = ctx.encode(Batch.from_tokens(TOKENS))
+        assert h.shape == (len(TOKENS), ctx.model.hparams.n_embd)
+        assert np.isfinite(h).all()
+        emb = ctx.embed(TOKENS)
+        assert emb.shape == (ctx.model.hparams.n_embd,)
+        return
+    ctx = Context(path, _params())
+    hp = ctx.model.hparams
+    assert hp.arch == arch
+    full = ctx.decode(Batch.from_tokens(TOKENS, logits="all"))
+    assert full.shape == (len(TOKENS), hp.n_vocab) and full.dtype == np.float32
+    assert np.isfinite(full).all() and full.std() > 0.01
+    last = ctx.decode(Batch.from_tokens([5], pos0=len(TOKENS)))
+    assert last.shape == (1, hp.n_vocab)
+    ctx.clear()
+    k = 5  # a prompt, then one token at a time
+    steps = [ctx.decode(Batch.from_tokens(TOKENS[:k], logits="all"))]
+    steps += [ctx.decode(Batch.from_tokens([t], pos0=i)) for i, t in enumerate(TOKENS) if i >= k]
+    np.testing.assert_array_equal(np.concatenate(steps), full)
+
+
+@pytest.mark.parametrize("arch", supported_architectures())
+def test_two_sequences_in_one_batch_equal_each_alone(model_dir: Path, arch: str) -> None:
+    path = tiny(model_dir, arch)
+    a, b = TOKENS[:9], [7, 80, 90, 100, 11, 12]
+    if arch in ENCODERS:
+        ctx = Context(path, _params(n_seq_max=2, embeddings=True))
+        batch = Batch()
+        for i, t in enumerate(a):
+            batch.add(t, i, 0)
+        for i, t in enumerate(b):
+            batch.add(t, i, 1)
+        h = ctx.encode(batch)
+        for rows, toks in ((h[: len(a)], a), (h[len(a) :], b)):
+            single = ctx.encode(Batch.from_tokens(toks))
+            np.testing.assert_allclose(rows, single, atol=3e-3)
+        return
+    ctx = Context(path, _params(n_seq_max=2))
+    alone = []
+    for toks in (a, b):
+        ctx.clear()
+        first = ctx.decode(Batch.from_tokens(toks))[0]
+        nxt = ctx.decode(Batch.from_tokens([5], pos0=len(toks)))[0]
+        alone.append((first, nxt))
+    ctx.clear()
+    batch = Batch()
+    for i in range(max(len(a), len(b))):  # interleaved
+        if i < len(a):
+            batch.add(a[i], i, 0, i == len(a) - 1)
+        if i < len(b):
+            batch.add(b[i], i, 1, i == len(b) - 1)
+    first = ctx.decode(batch)  # rows in batch order: b's last token comes before a's
+    step = ctx.decode(Batch().add(5, len(a), 0, True).add(5, len(b), 1, True))
+    np.testing.assert_array_equal(first[1], alone[0][0])
+    np.testing.assert_array_equal(first[0], alone[1][0])
+    for s in range(2):
+        np.testing.assert_array_equal(step[s], alone[s][1])
+
+
+@pytest.mark.parametrize("arch", sorted(set(supported_architectures()) - ENCODERS))
+def test_seq_rm_then_redecode(model_dir: Path, arch: str) -> None:
+    ctx = Context(tiny(model_dir, arch), _params())
+    full = ctx.decode(Batch.from_tokens(TOKENS, logits="all"))
+    ctx.seq_rm(0, 7, -1)
+    again = ctx.decode(Batch.from_tokens(TOKENS[7:], pos0=7, logits="all"))
+    np.testing.assert_array_equal(again, full[7:])
+
+
+@pytest.mark.parametrize("arch", sorted(set(supported_architectures()) - ENCODERS))
+def test_k_shift_keeps_attention_relative(model_dir: Path, arch: str) -> None:
+    """Moving a sequence by +5 re-ropes its keys (each layer's rope, phi3's factors): what
+    comes next is unchanged up to rounding (F32 cache). (As llama.cpp, a K-shift applies
+    the rope attention factor again; the phi3 model here has none, to test the factors.)"""
+    path = tiny(model_dir, arch, attn_factor=1.0) if arch == "phi3" else tiny(model_dir, arch)
+    ctx = Context(path, _params(type_k="f32", type_v="f32"))
+    fresh = ctx.decode(Batch.from_tokens(TOKENS[:9]))[0]
+    ctx.clear()
+    ctx.decode(Batch.from_tokens(TOKENS[:8]))
+    ctx.seq_add(0, 0, -1, 5)
+    shifted = ctx.decode(Batch.from_tokens([TOKENS[8]], pos0=13))[0]
+    np.testing.assert_allclose(shifted, fresh, rtol=0, atol=1e-4 * np.abs(fresh).max())
+
+
+# ---------------------------------------------------------------------- vs llama.cpp
+# case -> (arch, tiny-model options, n_ctx); see scripts/make_arch_fixtures.py
+CASES = {
+    "qwen2": ("qwen2", {}, 64),
+    "qwen3": ("qwen3", {}, 64),
+    "phi3": ("phi3", {}, 256),  # short rope factors
+    "phi3_long": ("phi3", {}, 512),  # long rope factors
+    "llama_swa": ("llama", {"sliding_window": 4}, 64),
+}
+
+
+@pytest.mark.parametrize("t", [GGMLType.F32, GGMLType.Q8_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("case", list(CASES))
+def test_matches_llama_cpp(model_dir: Path, case: str, t: GGMLType) -> None:
+    arch, opts, n_ctx = CASES[case]
+    if arch not in supported_architectures():
+        pytest.fail(f"{arch!r} is not registered")
+    path = tiny(model_dir, arch, t, **opts)
+    key = f"{case}.{t.name}"
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == str(FIX[f"{key}.sha256"])
+    ctx = Context(path, _params(n_ctx=n_ctx))
+    if opts.get("sliding_window"):
+        assert ctx.model.n_swa == 0  # llama.cpp ignores the key for llama files
+    got = ctx.decode(Batch.from_tokens(TOKENS, logits="all"))
+    want = FIX[f"{key}.logits"]
+    scale = float(np.abs(want).max())
+    err = float(np.abs(got - want).max()) / scale
+    assert err <= (RTOL_F32 if t == GGMLType.F32 else RTOL_Q8_0), f"{key}: {err:.2e}"
+    # the same top token wherever llama.cpp's top two are told apart by more than the bound
+    top2 = np.sort(want, axis=-1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > 2 * RTOL_F32 * scale
+    assert clear.sum() >= len(TOKENS) - 2
+    np.testing.assert_array_equal(got.argmax(-1)[clear], want.argmax(-1)[clear])
+    # greedy continuation
+    ctx.clear()
+    lg = ctx.decode(Batch.from_tokens(PROMPT))[0]
+    out = []
+    for i in range(len(FIX[f"{key}.greedy"])):
+        out.append(int(lg.argmax()))
+        lg = ctx.decode(Batch.from_tokens([out[-1]], pos0=len(PROMPT) + i))[0]
+    assert out == FIX[f"{key}.greedy"].tolist()
+
+
+# ---------------------------------------------------------------------- errors
+def test_unknown_architecture_lists_the_supported_ones(tmp_path: Path) -> None:
+    path = tmp_path / "made_up.gguf"
+    w = GGUFWriter(path)
+    w.add("general.architecture", "made-up-arch")
+    w.add("made-up-arch.block_count", 1, GGUFValueType.UINT32)
+    w.add_tensor("token_embd.weight", GGMLType.F32, (16, 4), np.zeros(64, np.float32))
+    w.write()
+    with pytest.raises(ModelError, match="made-up-arch") as e:
+        load_model(path)
+    for arch in supported_architectures():
+        assert arch in str(e.value)
+    with pytest.raises(ModelError, match="supported: "):
+        Context(path, _params())
+
+
+def test_fused_tensor_split_is_checked(model_dir: Path) -> None:
+    """Splitting a fused tensor into row ranges that do not add up is a clear error; the
+    ranges that do give matrices of those rows."""
+    from llamacpy.models.variants import Loader
+    from llamacpy.models.weights import WeightStore, model_file
+
+    mf = model_file(tiny(model_dir, "phi3", GGMLType.F32))
+    try:
+        ld = Loader(mf, WeightStore())
+        with pytest.raises(ModelError, match="attn_qkv"):
+            ld.rows("blk.0.attn_qkv.weight", (256, 128, 100))
+        q, k, v = ld.rows("blk.0.attn_qkv.weight", (256, 128, 128))
+        assert (q.nrows, k.nrows, v.nrows) == (256, 128, 128) and q.ncols == 256
+        raw = mf.tensor("blk.0.attn_qkv.weight").raw.view(np.float32).reshape(512, 256)
+        for m, r0 in ((q, 0), (k, 256), (v, 384)):
+            info = ld.store.matrices[m.index][1]
+            np.testing.assert_array_equal(
+                info.raw.view(np.float32).reshape(m.nrows, 256), raw[r0 : r0 + m.nrows]
+            )
+    finally:
+        mf.close()
