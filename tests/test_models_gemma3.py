@@ -71,9 +71,10 @@ def test_sliding_window_mask_per_sequence() -> None:
 
 # This model is sensitive enough to rounding that llama.cpp disagrees with itself when only
 # the summation order of its Q4_K matmuls changes (weights not repacked): META["self"] and
-# DATA["top1_self_*"] record by how much. The engine's K-quant kernels sum in another order
-# than ggml's (results equal to float rounding, not bit for bit), so top-1 agreement and
-# greedy text are held to what llama.cpp reaches against itself, perplexity to 0.5%.
+# DATA["top1_self_*"] record by how much. Prompts and single-token decodes are bit-identical
+# to llama.cpp (its Q4_K/Q6_K accumulation order is reproduced); long prefills are not
+# exactly (about 0.1% in perplexity), so top-1 agreement over 512-token batches is held to
+# what llama.cpp reaches against itself, perplexity to 0.5%.
 SELF = META["self"]
 TOP1_MARGIN = 0.02
 
@@ -91,13 +92,11 @@ def test_greedy_continuations_match_llama_cpp(ctx: Context) -> None:
         assert g["ids"][0] == META["bos"]
         ctx.clear()
         first = ctx.decode(Batch.from_tokens(g["ids"]))[0]
-        ref = DATA["logits_head"][i]
-        np.testing.assert_allclose(first[:4096], ref, atol=0.05 * np.abs(ref).max())
-        assert first.argmax() == g["out"][0]
+        np.testing.assert_array_equal(first[:4096], DATA["logits_head"][i])
         ctx.clear()
         out = generate(ctx, g["ids"], len(g["out"]))
         identical += out == g["out"]
-    assert identical >= min(5, SELF["greedy_identical"])
+    assert identical == len(META["greedy"]) == 5
 
 
 @pytest.mark.slow

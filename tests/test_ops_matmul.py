@@ -46,7 +46,7 @@ def test_matmul_matches_numpy_twin(t: GGMLType) -> None:
 
 @pytest.mark.parametrize(
     "t",
-    [GGMLType.Q4_1, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.IQ4_NL, GGMLType.F16],
+    [GGMLType.Q4_1, GGMLType.Q8_0, GGMLType.Q6_K, GGMLType.IQ4_NL, GGMLType.F16],
     ids=lambda t: t.name,
 )
 def test_results_do_not_depend_on_batch_or_row_split(t: GGMLType) -> None:
@@ -59,6 +59,22 @@ def test_results_do_not_depend_on_batch_or_row_split(t: GGMLType) -> None:
         _run(packed, desc, x, i, i + 1, 0, 1, out)
         _run(packed, desc, x, i, i + 1, 1, 4, out)
         np.testing.assert_array_equal(out[i], together[i])
+
+
+def test_q4_k_groups_of_four_sum_as_ggml_gemm_and_singles_as_gemv() -> None:
+    """llama.cpp runs Q4_K through repacked kernels: tokens in groups of four (gemm) add
+    one product per 64 weights, the rest (gemv) one per super-block. Both are reproduced,
+    so a token's last bits depend on its place in the batch exactly as in llama.cpp."""
+    t, nrows, ncols = GGMLType.Q4_K, 64, 768
+    packed, desc = _weights(t, nrows, ncols, seed=5)
+    x = np.random.default_rng(2).standard_normal((6, ncols)).astype(np.float32)
+    together = _run(packed, desc, x, 0, 6, 0, 4)  # tokens 0-3: a group; 4, 5: singles
+    alone = np.zeros_like(together)
+    for i in range(6):
+        _run(packed, desc, x, i, i + 1, 0, 4, alone)
+    np.testing.assert_array_equal(alone[4:], together[4:])
+    np.testing.assert_allclose(alone[:4], together[:4], rtol=1e-5, atol=1e-5)
+    assert (alone[:4] != together[:4]).any()  # the two orders do differ somewhere
 
 
 def test_accumulate_mode_adds_to_output() -> None:

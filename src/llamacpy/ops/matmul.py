@@ -103,27 +103,38 @@ def _put(out, i, v, add):
 
 
 @njit(cache=True, inline="always")
+def _same(a):
+    return a
+
+
+@njit(cache=True, inline="always")
 def _drive(k1, k4, w, off, nblk, bb, g0, g1, A, t0, t1, out, ot, add):
     """Vector accumulators (K-quant and float formats): tokens 4 at a time."""
+    _drive_acc(vzero_f32, _same, k1, k4, w, off, nblk, bb, g0, g1, A, t0, t1, out, ot, add)
+
+
+@njit(cache=True, inline="always")
+def _drive_acc(zero, fin, k1, k4, w, off, nblk, bb, g0, g1, A, t0, t1, out, ot, add):
+    """:func:`_drive` with accumulators made by ``zero()`` and finished by ``fin(acc)``."""
     ldo = out.shape[1]
     for g in range(g0, g1):
         og = off + g * nblk * bb
         t = t0
         while t + 4 <= t1:
-            a0 = a1 = a2 = a3 = vzero_f32()
+            a0 = a1 = a2 = a3 = zero()
             for b in range(nblk):
                 a0, a1, a2, a3 = k4(w, og + b * bb, A, t, b, a0, a1, a2, a3)
             o = (ot + t - t0) * ldo + 16 * g
-            _put(out, o, a0, add)
-            _put(out, o + ldo, a1, add)
-            _put(out, o + 2 * ldo, a2, add)
-            _put(out, o + 3 * ldo, a3, add)
+            _put(out, o, fin(a0), add)
+            _put(out, o + ldo, fin(a1), add)
+            _put(out, o + 2 * ldo, fin(a2), add)
+            _put(out, o + 3 * ldo, fin(a3), add)
             t += 4
         while t < t1:
-            a = vzero_f32()
+            a = zero()
             for b in range(nblk):
                 a = k1(w, og + b * bb, A, t, b, a)
-            _put(out, (ot + t - t0) * ldo + 16 * g, a, add)
+            _put(out, (ot + t - t0) * ldo + 16 * g, fin(a), add)
             t += 1
 
 
@@ -208,7 +219,8 @@ def mm_q3_k(w, desc, A, t0, t1, g0, g1, out, ot, add):
 @njit(cache=True)
 def mm_q4_k(w, desc, A, t0, t1, g0, g1, out, ot, add):
     k1, k4, nblk = QK.q4_k_t1, QK.q4_k_t4, desc[3] // 256
-    _drive(k1, k4, w, desc[1], nblk, 2368, g0, g1, A, t0, t1, out, ot, add)
+    z, f = QK.zero_pair, QK.fin_pair
+    _drive_acc(z, f, k1, k4, w, desc[1], nblk, 2368, g0, g1, A, t0, t1, out, ot, add)
 
 
 @njit(cache=True)
@@ -219,8 +231,8 @@ def mm_q5_k(w, desc, A, t0, t1, g0, g1, out, ot, add):
 
 @njit(cache=True)
 def mm_q6_k(w, desc, A, t0, t1, g0, g1, out, ot, add):
-    k1, k4, nblk = QK.q6_k_t1, QK.q6_k_t4, desc[3] // 256
-    _drive(k1, k4, w, desc[1], nblk, 3360, g0, g1, A, t0, t1, out, ot, add)
+    k1, k2, nblk = QK.q6_k_l1, QK.q6_k_l2, desc[3] // 256
+    _drive_lanes(QL.zero, QL.fin, k1, k2, w, desc[1], nblk, 3360, g0, g1, A, t0, t1, out, ot, add)
 
 
 @njit(cache=True)

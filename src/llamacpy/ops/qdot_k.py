@@ -5,6 +5,12 @@ Same contract as :mod:`.qdot_legacy`: ``<fmt>_t1(w, o, A, t, b, acc)`` and ``<fm
 of each sub-block are multiplied by the integer sub-block scales and summed as int32 over the
 super-block before the single float multiply by ``d_weight * d_activation``; mins and value
 offsets are taken back with the activation sums per 16 (``xbk``).
+
+Two formats follow ggml's float accumulation exactly, so their results are bit-identical to
+llama.cpp's on x86: Q4_K as its repacked ``q4_K_8x8`` kernels (products and min products in
+two accumulators, ``acc - acc_min`` at the end: ``zero_pair``/``fin_pair``), and Q6_K as
+``vec_dot_q6_K`` (8 lane accumulators, lane ``j`` = elements ``4j..4j+3`` of every 32, with
+``hsum_float_8``: ``q6_k_l1``/``q6_k_l2`` over :mod:`.qdot_legacy`'s ``zero``/``fin``).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from .simd import (
     vsplat_f32,
     vsplat_i32,
     vsrl,
+    vzero_f32,
     vzero_i32,
 )
 
@@ -82,7 +89,8 @@ def _k45_mins(w, o, A, t, b):
 
 
 @njit(cache=True, inline="always")
-def _k45_t1(w, o, A, t, b, acc, q5):
+def _k45_tot1(w, o, A, t, b, q5):
+    """Integer sum of the super-block (sub-block scales applied) for token ``t``."""
     xq = A[4]
     xi = _xk(A, t, b)
     tot = vzero_i32()
@@ -94,11 +102,12 @@ def _k45_t1(w, o, A, t, b, acc, q5):
             slo = vdpbusd(slo, lo, vbcast4(xq, xi + 64 * jj + 4 * cc))
             shi = vdpbusd(shi, hi, vbcast4(xq, xi + 64 * jj + 32 + 4 * cc))
         tot = tot + slo * vload_u8(w, o + 64 + 32 * jj) + shi * vload_u8(w, o + 80 + 32 * jj)
-    return _fin_min(acc, w, o, A, t, b, tot, _k45_mins(w, o, A, t, b))
+    return tot
 
 
 @njit(cache=True, inline="always")
-def _k45_t4(w, o, A, t, b, a0, a1, a2, a3, q5):
+def _k45_tot4(w, o, A, t, b, q5):
+    """:func:`_k45_tot1` for tokens ``t..t+3``, weights decoded once."""
     xq = A[4]
     x0 = _xk(A, t, b)
     k = xq.shape[1]
@@ -123,31 +132,100 @@ def _k45_t4(w, o, A, t, b, a0, a1, a2, a3, q5):
         t1 = t1 + l1 * sl + h1 * sh
         t2 = t2 + l2 * sl + h2 * sh
         t3 = t3 + l3 * sl + h3 * sh
+    return t0, t1, t2, t3
+
+
+# Q4_K as ggml's repacked kernels (q4_K_8x8) sum it: super-block products and min products
+# in two accumulators, subtracted at the end (``zero_pair`` / ``fin_pair``)
+@njit(cache=True, inline="always")
+def zero_pair():
+    z = vzero_f32()
+    return (z, z)
+
+
+@njit(cache=True, inline="always")
+def fin_pair(a):
+    return a[0] - a[1]
+
+
+@njit(cache=True, inline="always")
+def _acc_pair(a, w, o, A, t, b, tot):
+    dx = vsplat_f32(A[5][t, b])
+    msum = _k45_mins(w, o, A, t, b)
+    return (
+        vfma(vload_f16(w, o) * dx, vcvt(tot), a[0]),
+        vfma(vload_f16(w, o + 32) * dx, vcvt(msum), a[1]),
+    )
+
+
+@njit(cache=True, inline="always")
+def q4_k_t1(w, o, A, t, b, acc):
+    return _acc_pair(acc, w, o, A, t, b, _k45_tot1(w, o, A, t, b, False))
+
+
+@njit(cache=True, inline="always")
+def _k4_mins64(w, o, A, t, b, jj):
+    """Integer min sum of sub-blocks 2jj and 2jj+1 (the 64 weights of pair ``jj``)."""
+    m = vload_u8(w, o + 192 + 16 * (2 * jj)) * vsplat_i32(
+        _bs(A, t, b, 4 * jj) + _bs(A, t, b, 4 * jj + 1)
+    )
+    bs = _bs(A, t, b, 4 * jj + 2) + _bs(A, t, b, 4 * jj + 3)
+    return m + vload_u8(w, o + 192 + 16 * (2 * jj + 1)) * vsplat_i32(bs)
+
+
+@njit(cache=True, inline="always")
+def _acc_pair64(a, w, o, A, t, b, jj, tot):
+    dx = vsplat_f32(A[5][t, b])
+    return (
+        vfma(vload_f16(w, o) * dx, vcvt(tot), a[0]),
+        vfma(vload_f16(w, o + 32) * dx, vcvt(_k4_mins64(w, o, A, t, b, jj)), a[1]),
+    )
+
+
+@njit(cache=True, inline="always")
+def q4_k_t4(w, o, A, t, b, a0, a1, a2, a3):
+    """Four tokens as ggml's AVX-512 ``gemm_q4_K_8x8`` (which the 4-token groups of a batch
+    go through): one multiply-add per 64 weights instead of per super-block."""
+    xq = A[4]
+    x0 = _xk(A, t, b)
+    k = xq.shape[1]
+    x1, x2, x3 = x0 + k, x0 + 2 * k, x0 + 3 * k
+    for jj in range(4):
+        l0 = l1 = l2 = l3 = h0 = h1 = h2 = h3 = vzero_i32()
+        for cc in range(8):
+            lo, hi = _k45_chunk(w, o, False, jj, cc)
+            e = 64 * jj + 4 * cc
+            l0 = vdpbusd(l0, lo, vbcast4(xq, x0 + e))
+            h0 = vdpbusd(h0, hi, vbcast4(xq, x0 + e + 32))
+            l1 = vdpbusd(l1, lo, vbcast4(xq, x1 + e))
+            h1 = vdpbusd(h1, hi, vbcast4(xq, x1 + e + 32))
+            l2 = vdpbusd(l2, lo, vbcast4(xq, x2 + e))
+            h2 = vdpbusd(h2, hi, vbcast4(xq, x2 + e + 32))
+            l3 = vdpbusd(l3, lo, vbcast4(xq, x3 + e))
+            h3 = vdpbusd(h3, hi, vbcast4(xq, x3 + e + 32))
+        sl = vload_u8(w, o + 64 + 32 * jj)
+        sh = vload_u8(w, o + 80 + 32 * jj)
+        a0 = _acc_pair64(a0, w, o, A, t, b, jj, l0 * sl + h0 * sh)
+        a1 = _acc_pair64(a1, w, o, A, t + 1, b, jj, l1 * sl + h1 * sh)
+        a2 = _acc_pair64(a2, w, o, A, t + 2, b, jj, l2 * sl + h2 * sh)
+        a3 = _acc_pair64(a3, w, o, A, t + 3, b, jj, l3 * sl + h3 * sh)
+    return a0, a1, a2, a3
+
+
+@njit(cache=True, inline="always")
+def q5_k_t1(w, o, A, t, b, acc):
+    tot = _k45_tot1(w, o, A, t, b, True)
+    return _fin_min(acc, w, o, A, t, b, tot, _k45_mins(w, o, A, t, b))
+
+
+@njit(cache=True, inline="always")
+def q5_k_t4(w, o, A, t, b, a0, a1, a2, a3):
+    t0, t1, t2, t3 = _k45_tot4(w, o, A, t, b, True)
     a0 = _fin_min(a0, w, o, A, t, b, t0, _k45_mins(w, o, A, t, b))
     a1 = _fin_min(a1, w, o, A, t + 1, b, t1, _k45_mins(w, o, A, t + 1, b))
     a2 = _fin_min(a2, w, o, A, t + 2, b, t2, _k45_mins(w, o, A, t + 2, b))
     a3 = _fin_min(a3, w, o, A, t + 3, b, t3, _k45_mins(w, o, A, t + 3, b))
     return a0, a1, a2, a3
-
-
-@njit(cache=True, inline="always")
-def q4_k_t1(w, o, A, t, b, acc):
-    return _k45_t1(w, o, A, t, b, acc, False)
-
-
-@njit(cache=True, inline="always")
-def q4_k_t4(w, o, A, t, b, a0, a1, a2, a3):
-    return _k45_t4(w, o, A, t, b, a0, a1, a2, a3, False)
-
-
-@njit(cache=True, inline="always")
-def q5_k_t1(w, o, A, t, b, acc):
-    return _k45_t1(w, o, A, t, b, acc, True)
-
-
-@njit(cache=True, inline="always")
-def q5_k_t4(w, o, A, t, b, a0, a1, a2, a3):
-    return _k45_t4(w, o, A, t, b, a0, a1, a2, a3, True)
 
 
 # ----------------------------------------------------------------------------- Q6_K
@@ -166,16 +244,6 @@ def _q6_chunk(w, o, n, cc):
 
 
 @njit(cache=True, inline="always")
-def _q6_acc(tot, w, o, A, t, b, n, hh, s1, s2, s3, s4):
-    """Scale the 4 sub-block sums of (half n, cc half hh) and add them to ``tot``."""
-    j = 8 * n + hh
-    tot = tot + vload_i8(w, o + 32 + 16 * j) * (s1 - vsplat_i32(32 * _bs(A, t, b, j)))
-    tot = tot + vload_i8(w, o + 64 + 16 * j) * (s2 - vsplat_i32(32 * _bs(A, t, b, j + 2)))
-    tot = tot + vload_i8(w, o + 96 + 16 * j) * (s3 - vsplat_i32(32 * _bs(A, t, b, j + 4)))
-    return tot + vload_i8(w, o + 128 + 16 * j) * (s4 - vsplat_i32(32 * _bs(A, t, b, j + 6)))
-
-
-@njit(cache=True, inline="always")
 def _dot4(s1, s2, s3, s4, w1, w2, w3, w4, xq, xi):
     s1 = vdpbusd(s1, w1, vbcast4(xq, xi))
     s2 = vdpbusd(s2, w2, vbcast4(xq, xi + 32))
@@ -185,48 +253,62 @@ def _dot4(s1, s2, s3, s4, w1, w2, w3, w4, xq, xi):
 
 
 @njit(cache=True, inline="always")
-def q6_k_t1(w, o, A, t, b, acc):
-    xq = A[4]
-    xi = _xk(A, t, b)
-    tot = vzero_i32()
-    for n in range(2):
-        for hh in range(2):
-            s1 = s2 = s3 = s4 = vzero_i32()
-            for c4 in range(4):
-                cc = 4 * hh + c4
-                w1, w2, w3, w4 = _q6_chunk(w, o, n, cc)
-                s1, s2, s3, s4 = _dot4(s1, s2, s3, s4, w1, w2, w3, w4, xq, xi + 128 * n + 4 * cc)
-            tot = _q6_acc(tot, w, o, A, t, b, n, hh, s1, s2, s3, s4)
-    return _fin(acc, w, o, A, t, b, tot)
+def _q6_lane(w, o, n, cc, xq, e):
+    """Lane ``cc`` of half ``n`` for one token (activations at ``xq[e:]``, ``e`` = its
+    super-block + 128n + 4cc): sum over the 4 chunks of sub-block scale * (q . x), q in
+    0..63 (the offset of 32 is taken back per lane by :func:`_q6_offset`)."""
+    w1, w2, w3, w4 = _q6_chunk(w, o, n, cc)
+    so = o + 32 + 16 * (8 * n + cc // 4)
+    z = vzero_i32()
+    s = vload_i8(w, so) * vdpbusd(z, w1, vbcast4(xq, e))
+    s = s + vload_i8(w, so + 32) * vdpbusd(z, w2, vbcast4(xq, e + 32))
+    s = s + vload_i8(w, so + 64) * vdpbusd(z, w3, vbcast4(xq, e + 64))
+    return s + vload_i8(w, so + 96) * vdpbusd(z, w4, vbcast4(xq, e + 96))
 
 
 @njit(cache=True, inline="always")
-def q6_k_t4(w, o, A, t, b, a0, a1, a2, a3):
+def _q6_offset(w, o, A, t, b, k):
+    """32 * (scale . activation sum) of sub-blocks 2k and 2k+1: what ggml takes back from
+    lane ``k`` (``q8sclsub``)."""
+    s0 = vload_i8(w, o + 32 + 16 * (2 * k)) * vsplat_i32(32 * _bs(A, t, b, 2 * k))
+    return s0 + vload_i8(w, o + 32 + 16 * (2 * k + 1)) * vsplat_i32(32 * _bs(A, t, b, 2 * k + 1))
+
+
+@njit(cache=True, inline="always")
+def _q6_l(w, o, A, t, b, xq, xi, k):
+    s = _q6_lane(w, o, 0, k, xq, xi + 4 * k) + _q6_lane(w, o, 1, k, xq, xi + 128 + 4 * k)
+    return vcvt(s - _q6_offset(w, o, A, t, b, k))
+
+
+@njit(cache=True, inline="always")
+def _q6_step(w, o, A, t, b, a):
+    """One super-block of token ``t`` into ggml's 8 lane accumulators (``vec_dot_q6_K``:
+    lane ``k`` = elements 4k..4k+3 of every 32, ``fma(d_x * d_w, lane sum, acc)``)."""
     xq = A[4]
-    x0 = _xk(A, t, b)
-    k = xq.shape[1]
-    t0 = t1 = t2 = t3 = vzero_i32()
-    for n in range(2):
-        for hh in range(2):
-            p1 = p2 = p3 = p4 = q1 = q2 = q3 = q4 = vzero_i32()
-            r1 = r2 = r3 = r4 = u1 = u2 = u3 = u4 = vzero_i32()
-            for c4 in range(4):
-                cc = 4 * hh + c4
-                w1, w2, w3, w4 = _q6_chunk(w, o, n, cc)
-                e = x0 + 128 * n + 4 * cc
-                p1, p2, p3, p4 = _dot4(p1, p2, p3, p4, w1, w2, w3, w4, xq, e)
-                q1, q2, q3, q4 = _dot4(q1, q2, q3, q4, w1, w2, w3, w4, xq, e + k)
-                r1, r2, r3, r4 = _dot4(r1, r2, r3, r4, w1, w2, w3, w4, xq, e + 2 * k)
-                u1, u2, u3, u4 = _dot4(u1, u2, u3, u4, w1, w2, w3, w4, xq, e + 3 * k)
-            t0 = _q6_acc(t0, w, o, A, t, b, n, hh, p1, p2, p3, p4)
-            t1 = _q6_acc(t1, w, o, A, t + 1, b, n, hh, q1, q2, q3, q4)
-            t2 = _q6_acc(t2, w, o, A, t + 2, b, n, hh, r1, r2, r3, r4)
-            t3 = _q6_acc(t3, w, o, A, t + 3, b, n, hh, u1, u2, u3, u4)
-    a0 = _fin(a0, w, o, A, t, b, t0)
-    a1 = _fin(a1, w, o, A, t + 1, b, t1)
-    a2 = _fin(a2, w, o, A, t + 2, b, t2)
-    a3 = _fin(a3, w, o, A, t + 3, b, t3)
-    return a0, a1, a2, a3
+    xi = _xk(A, t, b)
+    d = vload_f16(w, o) * vsplat_f32(A[5][t, b])
+    a0, a1, a2, a3, a4, a5, a6, a7, sm = a
+    a0 = vfma(d, _q6_l(w, o, A, t, b, xq, xi, 0), a0)
+    a1 = vfma(d, _q6_l(w, o, A, t, b, xq, xi, 1), a1)
+    a2 = vfma(d, _q6_l(w, o, A, t, b, xq, xi, 2), a2)
+    a3 = vfma(d, _q6_l(w, o, A, t, b, xq, xi, 3), a3)
+    a4 = vfma(d, _q6_l(w, o, A, t, b, xq, xi, 4), a4)
+    a5 = vfma(d, _q6_l(w, o, A, t, b, xq, xi, 5), a5)
+    a6 = vfma(d, _q6_l(w, o, A, t, b, xq, xi, 6), a6)
+    a7 = vfma(d, _q6_l(w, o, A, t, b, xq, xi, 7), a7)
+    return (a0, a1, a2, a3, a4, a5, a6, a7, sm)
+
+
+@njit(cache=True, inline="always")
+def q6_k_l1(w, o, A, t, b, nb, a):
+    """Q6_K with ggml's lane accumulators (``qdot_legacy.zero`` / ``fin``), one token."""
+    return _q6_step(w, o, A, t, b, a)
+
+
+@njit(cache=True, inline="always")
+def q6_k_l2(w, o, A, t, b, nb, a, c):
+    """Two tokens (the integer work is per token; the weights come from cache)."""
+    return _q6_step(w, o, A, t, b, a), _q6_step(w, o, A, t + 1, b, c)
 
 
 # ----------------------------------------------------------------------------- Q2_K / Q3_K
