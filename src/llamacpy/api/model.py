@@ -133,17 +133,23 @@ class ModelInfo:
         cls, model_path: str | os.PathLike[str], kv_overrides: Mapping[str, Any] | None = None
     ) -> tuple[ModelInfo, Tokenizer]:
         """Read a model's metadata and build its tokenizer (no weights are loaded)."""
-        path = resolve_model(model_path)
-        with GGUFModelFile(path) as mf:
-            md = apply_overrides(mf.metadata, kv_overrides)
-            tokenizer = Tokenizer.from_metadata(md)
-            size = sum(int(t.nbytes) for t in mf.tensors)
-            n_params = sum(int(t.n_elements) for t in mf.tensors)
+        with GGUFModelFile(resolve_model(model_path)) as mf:
+            return cls.from_file(mf, kv_overrides)
+
+    @classmethod
+    def from_file(
+        cls, mf: GGUFModelFile, kv_overrides: Mapping[str, Any] | None = None
+    ) -> tuple[ModelInfo, Tokenizer]:
+        """:meth:`read` from an opened model file."""
+        md = apply_overrides(mf.metadata, kv_overrides)
+        tokenizer = Tokenizer.from_metadata(md)
+        size = sum(int(t.nbytes) for t in mf.tensors)
+        n_params = sum(int(t.n_elements) for t in mf.tensors)
         scalars = {k: v for k, v in md.items() if isinstance(v, bool | int | float | str)}
         arch = str(scalars.get("general.architecture", "?"))
         ft = scalars.get("general.file_type")
         desc = f"{arch} {size_label(scalars)} {ftype_name(None if ft is None else int(ft))}"
-        return cls(Path(path), scalars, arch, desc, size, n_params), tokenizer
+        return cls(Path(mf.paths[0]), scalars, arch, desc, size, n_params), tokenizer
 
 
 @dataclass
@@ -167,12 +173,13 @@ def load_model(
     model hyper-parameters needs engine support and is refused rather than ignored.
     """
     t0 = time.perf_counter()
-    info, tokenizer = ModelInfo.read(model_path, kv_overrides)
-    for k in kv_overrides or {}:
-        if k.startswith(f"{info.arch}."):
-            raise UsageError(
-                f"kv_overrides[{k!r}]: overriding model hyper-parameters is not supported "
-                "by the engine yet (tokenizer.* and general.* keys are)"
-            )
-    ctx = Context(info.path, params)
+    with GGUFModelFile(resolve_model(model_path)) as mf:  # parsed once, for both
+        info, tokenizer = ModelInfo.from_file(mf, kv_overrides)
+        for k in kv_overrides or {}:
+            if k.startswith(f"{info.arch}."):
+                raise UsageError(
+                    f"kv_overrides[{k!r}]: overriding model hyper-parameters is not supported "
+                    "by the engine yet (tokenizer.* and general.* keys are)"
+                )
+        ctx = Context(mf, params)
     return LoadedModel(info, tokenizer, ctx, time.perf_counter() - t0)

@@ -20,6 +20,7 @@ import numba
 import numpy as np
 
 from ..errors import UsageError
+from ..gguf import GGUFModelFile
 from ..models import load_model
 from ..models.common import UBatchArrays
 from ..ops.norm import rms_norm_numpy
@@ -38,7 +39,7 @@ class Context:
 
     def __init__(
         self,
-        model_path: str | os.PathLike[str] | None = None,
+        model_path: str | os.PathLike[str] | GGUFModelFile | None = None,
         params: ContextParams | None = None,
         *,
         model=None,

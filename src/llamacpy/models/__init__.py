@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 from ..errors import ModelError
+from ..gguf import GGUFModelFile
 from ..gguf.constants import KEY_ARCHITECTURE
 from .common import RopeOverrides
 from .weights import TensorSource, model_file
@@ -44,10 +45,16 @@ def model_class(arch: str) -> Any:
 
 
 def load_model(
-    path: str | os.PathLike[str], *, use_mmap: bool = True, rope: RopeOverrides | None = None
+    path: str | os.PathLike[str] | GGUFModelFile,
+    *,
+    use_mmap: bool = True,
+    rope: RopeOverrides | None = None,
 ) -> Any:
-    """Open, check and load a model for inference."""
-    mf = model_file(path)
+    """Open, check and load a model for inference. ``path`` may be an already opened
+    :class:`~llamacpy.gguf.GGUFModelFile` (its metadata is not parsed again; the caller
+    keeps it open and closes it)."""
+    own = not isinstance(path, GGUFModelFile)
+    mf = model_file(path) if own else path
     source = TensorSource(mf, use_mmap=use_mmap)
     try:
         arch = mf.get(KEY_ARCHITECTURE)
@@ -56,7 +63,8 @@ def load_model(
         return model_class(arch).load(mf, source, rope)
     finally:
         source.close()
-        mf.close()
+        if own:
+            mf.close()
 
 
 __all__ = ["RopeOverrides", "load_model", "model_class", "supported_architectures"]
