@@ -90,8 +90,7 @@ def test_markdown_layout_matches_llama_bench():
     assert "n_batch" in bench.md_fields([BenchTest(16, 0, n_batch=256)])
 
 
-def test_bench_command(smollm2_path, monkeypatch, capsys):
-    monkeypatch.setattr(cli, "SUBCOMMANDS", [*cli.SUBCOMMANDS, "bench"])
+def test_bench_command(smollm2_path, capsys):
     code = cli.main(["bench", "-m", str(smollm2_path), "-p", "8", "-n", "2", "-r", "2", "-t",
                      "1", "-o", "json"])  # fmt: skip
     out, err = capsys.readouterr()
@@ -111,8 +110,7 @@ def test_bench_command(smollm2_path, monkeypatch, capsys):
     assert "pp4" in lines[2] and lines[-1].startswith("build: llamacpy")
 
 
-def test_bench_usage_errors(smollm2_path, monkeypatch, capsys):
-    monkeypatch.setattr(cli, "SUBCOMMANDS", [*cli.SUBCOMMANDS, "bench"])
+def test_bench_usage_errors(smollm2_path, capsys):
     assert cli.main(["bench", "-m", str(smollm2_path), "-o", "xml"]) == 1
     assert "choose one of" in capsys.readouterr().err
     assert cli.main(["bench", "-m", str(smollm2_path), "-p", "0", "-n", "0"]) == 1

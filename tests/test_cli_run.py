@@ -13,15 +13,11 @@ from llamacpy import cli
 
 FIXTURES = Path(__file__).parent / "fixtures" / "generation"
 CLI_CASES = json.loads((FIXTURES / "cli_completions.json").read_text())
-MY_COMMANDS = ["run", "chat", "bench", "perplexity"]
 
 
 @pytest.fixture
-def main(monkeypatch):
-    """``llamacpy`` with this issue's subcommands registered."""
-    monkeypatch.setattr(cli, "SUBCOMMANDS", cli.SUBCOMMANDS + [
-        m for m in MY_COMMANDS if m not in cli.SUBCOMMANDS
-    ])  # fmt: skip
+def main():
+    """``llamacpy``'s entry point (``main(argv) -> exit code``)."""
     return cli.main
 
 

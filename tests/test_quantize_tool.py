@@ -632,8 +632,6 @@ def test_kv_override_parsing() -> None:
 
 # --------------------------------------------------------------------------- the command
 def _main(monkeypatch: pytest.MonkeyPatch, *argv: str) -> int:
-    if "quantize" not in cli.SUBCOMMANDS:
-        monkeypatch.setattr(cli, "SUBCOMMANDS", [*cli.SUBCOMMANDS, "quantize"])
     return cli.main(list(argv))
 
 

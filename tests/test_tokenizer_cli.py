@@ -24,8 +24,6 @@ def _stdout_bytes(rec: dict) -> bytes:
 
 @pytest.fixture
 def run_cli(monkeypatch, capsysbinary):
-    if "tokenize" not in cli.SUBCOMMANDS:
-        monkeypatch.setattr(cli, "SUBCOMMANDS", [*cli.SUBCOMMANDS, "tokenize"])
 
     def run(argv: list[str], stdin: bytes = b"") -> tuple[int, bytes, bytes]:
         fake = io.TextIOWrapper(io.BytesIO(stdin))
