@@ -49,6 +49,8 @@ bench: models
 	$(BIN)/python benchmarks/bench_sampling.py
 	$(BIN)/python benchmarks/bench_engine.py
 	$(BIN)/python benchmarks/bench_ttft.py
+	$(BIN)/python benchmarks/bench_server_load.py
+	$(BIN)/python benchmarks/bench_server_throughput.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -23,29 +23,13 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 
 import httpx
 
-PROMPTS = [
-    "The capital of France is",
-    "Once upon a time, there was a",
-    "def fibonacci(n):",
-    "List three colors:",
-    "Water boils at",
-    "The best way to learn a language is",
-    "In 1969, the first humans",
-    "A haiku about autumn:",
-]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from _server_common import PROMPTS, free_port
 
 
 async def stream_one(client: httpx.AsyncClient, prompt: str, n: int) -> dict:

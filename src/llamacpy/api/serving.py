@@ -176,6 +176,7 @@ class CompletionHandler:
             text = {"aborted": "the request was cancelled",
                     "shutdown": "the server is shutting down"}.get(reason, message)  # fmt: skip
             self.emit(Failure(reason, text))
+            self.request = None
 
     # ------------------------------------------------------------------ results
     def _final(self, finish_reason: str, stop_type: str) -> None:
@@ -221,6 +222,7 @@ class CompletionHandler:
                 prompt_logprobs=self._prompt_logprobs(),
             )
         )
+        self.request = None  # break the request <-> handler cycle: freed without the gc
         return None
 
     def _logprobs(self, token: int, piece: bytes, row: np.ndarray) -> Any:
