@@ -350,15 +350,6 @@ def test_streaming_peak_memory(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------- CLI
-@pytest.fixture(autouse=True)
-def _convert_subcommand(monkeypatch) -> None:
-    """Register ``convert`` even before cli/__init__.py lists it in SUBCOMMANDS."""
-    import llamacpy.cli as cli
-
-    if "convert" not in cli.SUBCOMMANDS:
-        monkeypatch.setattr(cli, "SUBCOMMANDS", [*cli.SUBCOMMANDS, "convert"])
-
-
 def test_cli_convert(llama_dir: Path, tmp_path: Path, capsys) -> None:
     out = tmp_path / "cli.gguf"
     assert main(["convert", str(llama_dir), "--outfile", str(out), "--outtype", "f16", "-q"]) == 0

@@ -117,8 +117,7 @@ def test_chunk_nll_is_log_softmax():
 
 
 @pytest.mark.parametrize("run", [r for r in PPL["runs"] if r["n_ctx"] == 256], ids=str)
-def test_smollm2_matches_llama_perplexity(smollm2_path, monkeypatch, capsys, run):
-    monkeypatch.setattr(cli, "SUBCOMMANDS", [*cli.SUBCOMMANDS, "perplexity"])
+def test_smollm2_matches_llama_perplexity(smollm2_path, capsys, run):
     code = cli.main(["perplexity", "-m", str(smollm2_path), "-f", str(FIXTURES / PPL["file"]),
                      "-c", str(run["n_ctx"]), "--chunks", str(run["chunks"]), "-b", "256",
                      "-t", "1"])  # fmt: skip
