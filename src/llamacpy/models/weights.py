@@ -1,7 +1,7 @@
 """Model weights in the form the kernels read: matrices repacked into one buffer, vectors in
 another, and the reading of tensor bytes from the GGUF shards.
 
-Tensor bytes are read in file-order chunks of about 32 MiB, through a memory map (default)
+Tensor bytes are read in file-order chunks of about 4 MiB, through a memory map (default)
 or ``read()`` (``use_mmap=False``); each chunk is repacked in one parallel call and its file
 pages are then dropped from the process (``MADV_DONTNEED``), so loading never holds the file
 and the repacked copy at once. The
@@ -26,7 +26,7 @@ _ALIGN = 64
 _PAGE = mmap.PAGESIZE
 # Linux 5.14+: fault a whole range in with one call instead of one page fault per 4 KiB
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
-_CHUNK = 32 << 20  # bytes of file repacked per parallel call (bounds the mapped pages held)
+_CHUNK = 4 << 20  # bytes of file repacked per parallel call (bounds the mapped pages held)
 
 
 class TensorSource:
