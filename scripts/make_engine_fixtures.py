@@ -92,7 +92,34 @@ print(json.dumps(np.array(m.scores[:{len(TINY_TOKENS)}]).tolist()))
     np.savez_compressed(FIX / "tiny_logits.npz", **out)
 
 
-_SMOL_CODE = """
+# The oracle's greedy loop (inserted into the oracle scripts below; needs MODEL, PROMPTS,
+# N_GEN and add_bos): llama.cpp's argmax continuation of each prompt and its first logits.
+GREEDY_CODE = """
+g = Llama(MODEL, n_ctx=4096, n_batch=2048, n_ubatch=512, logits_all=False, verbose=False,
+          flash_attn=True, n_threads=2)
+greedy = []
+for p in PROMPTS:
+    ids = g.tokenize(p.encode(), add_bos=add_bos, special=False)
+    g.reset()
+    g.eval(ids)
+    out, first_logits = [], None
+    for k in range(N_GEN):
+        ptr = llama_cpp.llama_get_logits_ith(g._ctx.ctx, -1)
+        lg = np.ctypeslib.as_array(ptr, shape=(g.n_vocab(),)).astype(np.float32)
+        if first_logits is None:
+            first_logits = lg
+        t = int(lg.argmax())
+        out.append(t)
+        if k + 1 < N_GEN:
+            g.eval([t])
+    greedy.append({{"prompt": p, "ids": ids, "out": out,
+                   "text": g.detokenize(out).decode("utf-8", "replace"),
+                   "logits_head": first_logits[:4096].tolist()}})
+"""
+
+
+_SMOL_CODE = (
+    """
 import ctypes, json, math, numpy as np
 import llama_cpp
 from llama_cpp import Llama
@@ -118,29 +145,12 @@ for c in range(n_chunk):
         lp = x[chunk[i + 1]] - mx - math.log(np.exp(x - mx).sum())
         row.append(lp); nll -= lp; cnt += 1
     logp.append(row)
-g = Llama(MODEL, n_ctx=4096, n_batch=2048, n_ubatch=512, logits_all=False, verbose=False,
-          flash_attn=True, n_threads=2)
-greedy = []
-for p in PROMPTS:
-    ids = g.tokenize(p.encode(), add_bos=add_bos, special=False)
-    g.reset()
-    g.eval(ids)
-    out, first_logits = [], None
-    for k in range(N_GEN):
-        ptr = llama_cpp.llama_get_logits_ith(g._ctx.ctx, -1)
-        lg = np.ctypeslib.as_array(ptr, shape=(g.n_vocab(),)).astype(np.float32)
-        if first_logits is None:
-            first_logits = lg
-        t = int(lg.argmax())
-        out.append(t)
-        if k + 1 < N_GEN:
-            g.eval([t])
-    greedy.append({{"prompt": p, "ids": ids, "out": out,
-                   "text": g.detokenize(out).decode("utf-8", "replace"),
-                   "logits_head": first_logits[:4096].tolist()}})
-print(json.dumps({{"tokens": toks, "n_chunk": n_chunk, "top1": top1, "logp": logp,
+"""
+    + GREEDY_CODE
+    + """print(json.dumps({{"tokens": toks, "n_chunk": n_chunk, "top1": top1, "logp": logp,
                   "ppl": math.exp(nll / cnt), "add_bos": bool(add_bos), "greedy": greedy}}))
 """
+)
 
 
 def run_bin(bin_dir: str, tool: str, *args: str, stdout_only: bool = False) -> str:

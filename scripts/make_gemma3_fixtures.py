@@ -38,7 +38,14 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from make_engine_fixtures import DEFAULT_BIN, N_GREEDY, PROMPTS, oracle, run_bin  # noqa: E402
+from make_engine_fixtures import (  # noqa: E402
+    DEFAULT_BIN,
+    GREEDY_CODE,
+    N_GREEDY,
+    PROMPTS,
+    oracle,
+    run_bin,
+)
 
 FIX = ROOT / "tests" / "fixtures" / "engine"
 GEMMA3 = Path.home() / ".cache" / "llamacpy" / "models" / "gemma-3-270m-q4_k_m.gguf"
@@ -46,7 +53,8 @@ GPL3 = Path("/usr/share/common-licenses/GPL-3")
 N_CHUNK_512 = 8
 N_CHUNK_1024 = 2
 
-_CODE = """
+_CODE = (
+    """
 import json, math, numpy as np
 import llama_cpp
 from llama_cpp import Llama
@@ -87,30 +95,14 @@ for n_ctx, n_chunk in RUNS:
     res[str(n_ctx)] = {{"tokens": chunks, "top1": top1, "logp": logp,
                        "ppl": math.exp(nll / cnt)}}
     del m
-g = Llama(MODEL, n_ctx=4096, n_batch=2048, n_ubatch=512, logits_all=False, verbose=False,
-          flash_attn=True, n_threads=2)
-greedy = []
-for p in PROMPTS:
-    ids = g.tokenize(p.encode(), add_bos=True, special=False)
-    g.reset()
-    g.eval(ids)
-    out, first_logits = [], None
-    for k in range(N_GEN):
-        ptr = llama_cpp.llama_get_logits_ith(g._ctx.ctx, -1)
-        lg = np.ctypeslib.as_array(ptr, shape=(g.n_vocab(),)).astype(np.float32)
-        if first_logits is None:
-            first_logits = lg
-        t = int(lg.argmax())
-        out.append(t)
-        if k + 1 < N_GEN:
-            g.eval([t])
-    greedy.append({{"prompt": p, "ids": ids, "out": out,
-                   "text": g.detokenize(out).decode("utf-8", "replace"),
-                   "logits_head": first_logits[:4096].tolist()}})
-res["greedy"] = greedy
+add_bos = True
+"""
+    + GREEDY_CODE
+    + """res["greedy"] = greedy
 res["bos"] = g.token_bos()
 print(json.dumps(res))
 """
+)
 
 
 def write_text() -> Path:
