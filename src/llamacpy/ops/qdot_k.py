@@ -106,32 +106,36 @@ def _k45_tot1(w, o, A, t, b, q5):
 
 
 @njit(cache=True, inline="always")
+def _k45_pair4(w, o, q5, jj, xq, x0, x1, x2, x3):
+    """Integer sums of pair ``jj`` (sub-blocks 2jj, 2jj+1, scales applied) for the four
+    tokens whose super-block activations start at ``x0..x3``; weights decoded once."""
+    l0 = l1 = l2 = l3 = h0 = h1 = h2 = h3 = vzero_i32()
+    for cc in range(8):
+        lo, hi = _k45_chunk(w, o, q5, jj, cc)
+        e = 64 * jj + 4 * cc
+        l0 = vdpbusd(l0, lo, vbcast4(xq, x0 + e))
+        h0 = vdpbusd(h0, hi, vbcast4(xq, x0 + e + 32))
+        l1 = vdpbusd(l1, lo, vbcast4(xq, x1 + e))
+        h1 = vdpbusd(h1, hi, vbcast4(xq, x1 + e + 32))
+        l2 = vdpbusd(l2, lo, vbcast4(xq, x2 + e))
+        h2 = vdpbusd(h2, hi, vbcast4(xq, x2 + e + 32))
+        l3 = vdpbusd(l3, lo, vbcast4(xq, x3 + e))
+        h3 = vdpbusd(h3, hi, vbcast4(xq, x3 + e + 32))
+    sl = vload_u8(w, o + 64 + 32 * jj)
+    sh = vload_u8(w, o + 80 + 32 * jj)
+    return l0 * sl + h0 * sh, l1 * sl + h1 * sh, l2 * sl + h2 * sh, l3 * sl + h3 * sh
+
+
+@njit(cache=True, inline="always")
 def _k45_tot4(w, o, A, t, b, q5):
     """:func:`_k45_tot1` for tokens ``t..t+3``, weights decoded once."""
     xq = A[4]
     x0 = _xk(A, t, b)
     k = xq.shape[1]
-    x1, x2, x3 = x0 + k, x0 + 2 * k, x0 + 3 * k
     t0 = t1 = t2 = t3 = vzero_i32()
     for jj in range(4):
-        l0 = l1 = l2 = l3 = h0 = h1 = h2 = h3 = vzero_i32()
-        for cc in range(8):
-            lo, hi = _k45_chunk(w, o, q5, jj, cc)
-            e = 64 * jj + 4 * cc
-            l0 = vdpbusd(l0, lo, vbcast4(xq, x0 + e))
-            h0 = vdpbusd(h0, hi, vbcast4(xq, x0 + e + 32))
-            l1 = vdpbusd(l1, lo, vbcast4(xq, x1 + e))
-            h1 = vdpbusd(h1, hi, vbcast4(xq, x1 + e + 32))
-            l2 = vdpbusd(l2, lo, vbcast4(xq, x2 + e))
-            h2 = vdpbusd(h2, hi, vbcast4(xq, x2 + e + 32))
-            l3 = vdpbusd(l3, lo, vbcast4(xq, x3 + e))
-            h3 = vdpbusd(h3, hi, vbcast4(xq, x3 + e + 32))
-        sl = vload_u8(w, o + 64 + 32 * jj)
-        sh = vload_u8(w, o + 80 + 32 * jj)
-        t0 = t0 + l0 * sl + h0 * sh
-        t1 = t1 + l1 * sl + h1 * sh
-        t2 = t2 + l2 * sl + h2 * sh
-        t3 = t3 + l3 * sl + h3 * sh
+        p0, p1, p2, p3 = _k45_pair4(w, o, q5, jj, xq, x0, x0 + k, x0 + 2 * k, x0 + 3 * k)
+        t0, t1, t2, t3 = t0 + p0, t1 + p1, t2 + p2, t3 + p3
     return t0, t1, t2, t3
 
 
@@ -189,26 +193,12 @@ def q4_k_t4(w, o, A, t, b, a0, a1, a2, a3):
     xq = A[4]
     x0 = _xk(A, t, b)
     k = xq.shape[1]
-    x1, x2, x3 = x0 + k, x0 + 2 * k, x0 + 3 * k
     for jj in range(4):
-        l0 = l1 = l2 = l3 = h0 = h1 = h2 = h3 = vzero_i32()
-        for cc in range(8):
-            lo, hi = _k45_chunk(w, o, False, jj, cc)
-            e = 64 * jj + 4 * cc
-            l0 = vdpbusd(l0, lo, vbcast4(xq, x0 + e))
-            h0 = vdpbusd(h0, hi, vbcast4(xq, x0 + e + 32))
-            l1 = vdpbusd(l1, lo, vbcast4(xq, x1 + e))
-            h1 = vdpbusd(h1, hi, vbcast4(xq, x1 + e + 32))
-            l2 = vdpbusd(l2, lo, vbcast4(xq, x2 + e))
-            h2 = vdpbusd(h2, hi, vbcast4(xq, x2 + e + 32))
-            l3 = vdpbusd(l3, lo, vbcast4(xq, x3 + e))
-            h3 = vdpbusd(h3, hi, vbcast4(xq, x3 + e + 32))
-        sl = vload_u8(w, o + 64 + 32 * jj)
-        sh = vload_u8(w, o + 80 + 32 * jj)
-        a0 = _acc_pair64(a0, w, o, A, t, b, jj, l0 * sl + h0 * sh)
-        a1 = _acc_pair64(a1, w, o, A, t + 1, b, jj, l1 * sl + h1 * sh)
-        a2 = _acc_pair64(a2, w, o, A, t + 2, b, jj, l2 * sl + h2 * sh)
-        a3 = _acc_pair64(a3, w, o, A, t + 3, b, jj, l3 * sl + h3 * sh)
+        p0, p1, p2, p3 = _k45_pair4(w, o, False, jj, xq, x0, x0 + k, x0 + 2 * k, x0 + 3 * k)
+        a0 = _acc_pair64(a0, w, o, A, t, b, jj, p0)
+        a1 = _acc_pair64(a1, w, o, A, t + 1, b, jj, p1)
+        a2 = _acc_pair64(a2, w, o, A, t + 2, b, jj, p2)
+        a3 = _acc_pair64(a3, w, o, A, t + 3, b, jj, p3)
     return a0, a1, a2, a3
 
 
