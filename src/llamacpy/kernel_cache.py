@@ -14,6 +14,7 @@ skips numba's full context refresh (see :func:`_load_overload`), which halves st
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from functools import cache
 from pathlib import Path
@@ -24,21 +25,23 @@ from numba.core.runtime import rtsys
 _ROOT = Path(__file__).resolve().parent  # the llamacpy package
 KERNEL_PACKAGES = ("quants", "ops", "tokenizer", "sampling", "models", "engine", "quantize")
 _KERNEL_DIRS = tuple(_ROOT / p for p in KERNEL_PACKAGES)
+_ROOT_S = str(_ROOT)
 
 
-def _module_file(pkg_dir: Path, level: int, module: str | None, name: str | None) -> Path | None:
+def _module_file(pkg_dir: str, level: int, module: str | None, name: str | None) -> str | None:
     base = pkg_dir
     for _ in range(level - 1):
-        base = base.parent
+        base = os.path.dirname(base)
     parts = (module.split(".") if module else []) + ([name] if name else [])
     for n in (len(parts), len(parts) - 1):
         if n <= 0 and not parts:
             return None
-        cand = base.joinpath(*parts[:n])
-        if cand.with_suffix(".py").is_file():
-            return cand.with_suffix(".py")
-        if (cand / "__init__.py").is_file() and n == len(parts):
-            return cand / "__init__.py"
+        cand = os.path.join(base, *parts[:n])
+        if os.path.isfile(cand + ".py"):
+            return cand + ".py"
+        init = os.path.join(cand, "__init__.py")
+        if n == len(parts) and os.path.isfile(init):
+            return init
     return None
 
 
@@ -48,30 +51,43 @@ _FROM = re.compile(
 
 
 @cache
-def _imports(path: Path, mtime_ns: int) -> tuple[Path, ...]:
-    """Kernel-package files imported (relatively) by ``path`` (a cheap scan of the source:
-    this runs on every start)."""
-    found = set()
-    for dots, module, names in _FROM.findall(path.read_text()):
+def _import_names(path: str, mtime_ns: int) -> tuple[str, ...]:
+    """Kernel-package files imported (relatively or ``llamacpy.``-absolutely) by the resolved
+    file ``path`` (a cheap scan of the source: this runs on every start)."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    found, dirs = set(), {str(d) for d in _KERNEL_DIRS}
+    for dots, module, names in _FROM.findall(text):
         listed = [n.split(" as ")[0].strip() for n in names.strip("()").split(",")]
         # ``from llamacpy.x import y`` resolves from the package root like ``from .x``
-        base, level = (_ROOT, 1) if dots == "llamacpy." else (path.parent, len(dots))
+        base, level = (_ROOT_S, 1) if dots == "llamacpy." else (os.path.dirname(path), len(dots))
         for nm in [None, *[n for n in listed if n.isidentifier()]]:
             f = _module_file(base, level, module or None, nm)
-            if f is not None and any(f.parent == d for d in _KERNEL_DIRS):
-                found.add(f.resolve())
+            if f is not None and os.path.dirname(os.path.normpath(f)) in dirs:
+                found.add(os.path.normpath(f))
     return tuple(sorted(found))
 
 
 def _closure(path: Path) -> list[Path]:
-    seen, todo = set(), [path.resolve()]
+    return [Path(p) for p, _ in _closure_stats(str(path.resolve()))]
+
+
+def _closure_stats(path: str) -> list[tuple[str, os.stat_result]]:
+    """``path`` (resolved) and every kernel file it imports, directly or not, with their
+    stat: one ``stat`` per file, plain strings (this runs for each kernel at import)."""
+    seen: dict[str, os.stat_result] = {}
+    todo = [path]
     while todo:
         p = todo.pop()
-        if p in seen or not p.is_file():
+        if p in seen:
             continue
-        seen.add(p)
-        todo.extend(_imports(p, p.stat().st_mtime_ns))
-    return sorted(seen)
+        try:
+            st = os.stat(p)
+        except OSError:
+            continue
+        seen[p] = st
+        todo.extend(_import_names(p, st.st_mtime_ns))
+    return sorted(seen.items())
 
 
 @cache
@@ -83,23 +99,41 @@ def _hash(files: tuple[tuple[str, int, int], ...]) -> bytes:
     return h.digest()
 
 
+@cache
+def _resolved(py_file: str) -> Path | None:
+    try:
+        return Path(py_file).resolve()
+    except OSError:
+        return None
+
+
 def kernel_stamp(py_file: str) -> bytes:
-    """Hash of a kernel file and of every kernel file it depends on."""
-    files = tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in _closure(Path(py_file)))
+    """Hash of a kernel file and of every kernel file it depends on (re-hashed when any of
+    them changes on disk, even within one process)."""
+    path = _resolved(py_file) or Path(py_file)
+    files = tuple((p, st.st_mtime_ns, st.st_size) for p, st in _closure_stats(str(path)))
     return _hash(files)
 
 
 def _is_kernel_file(py_file: str) -> bool:
-    try:
-        path = Path(py_file).resolve()
-    except OSError:
-        return False
-    return any(path.parent == d for d in _KERNEL_DIRS)
+    path = _resolved(py_file)
+    return path is not None and any(path.parent == d for d in _KERNEL_DIRS)
+
+
+_WRITABLE: set[str] = set()  # cache directories already checked in this process
 
 
 class _StampMixin:
     def get_source_stamp(self):
         return kernel_stamp(self._py_file)
+
+    def ensure_cache_path(self):
+        """numba checks the directory (mkdir + a temporary file) for every kernel; once per
+        directory is enough."""
+        path = self.get_cache_path()
+        if path not in _WRITABLE:
+            super().ensure_cache_path()
+            _WRITABLE.add(path)
 
 
 class _InTreeKernelLocator(_StampMixin, caching.InTreeCacheLocator):
@@ -149,3 +183,11 @@ def install() -> None:
 
 
 install()  # importing this module is what a kernel package does first
+
+
+def preload(kernel, args: tuple) -> None:
+    """Load ``kernel``'s machine code for the types of ``args`` (from this cache, or
+    compile it) without running it: the signature is the one a call with ``args`` uses."""
+    from numba import typeof
+
+    kernel.compile(tuple(typeof(a) for a in args))
