@@ -1,5 +1,5 @@
 """``python -m llamacpy`` is the ``llamacpy`` command."""
 
-from .cli import main
+from .cli import entry
 
-raise SystemExit(main())
+entry()

@@ -8,7 +8,9 @@ A subcommand module defines ``register(subparsers)``, which adds its parser and 
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -39,7 +41,9 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser, or with ``only`` one subcommand's (its module alone is imported:
+    ``llamacpy run ...`` does not import the server or the converter)."""
     parser = _Parser(
         prog="llamacpy",
         description="llama.cpp's engine and tools in Python.",
@@ -47,12 +51,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"llamacpy {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in SUBCOMMANDS:
-        importlib.import_module(f"{__name__}.{name}").register(sub)
+        if only is None or name == only:
+            importlib.import_module(f"{__name__}.{name}").register(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv[0] if argv and argv[0] in SUBCOMMANDS else None)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
@@ -74,3 +80,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f"{e.filename}: " if getattr(e, "filename", None) else ""
         print(f"llamacpy: error: {where}{e.strerror or e}", file=sys.stderr)
         return 1
+
+
+def entry() -> None:
+    """The ``llamacpy`` console command: :func:`main`, then exit without tearing the
+    interpreter down (freeing every module and the compiled kernels one by one takes about
+    0.1 s and has no effect a command could need: output is flushed, exit handlers run)."""
+    try:
+        rc = main()
+    except SystemExit as e:  # argparse's --help / usage errors
+        rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if not isinstance(e.code, int | None):
+            print(e.code, file=sys.stderr)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed, or a broken pipe
+            pass
+    os._exit(rc)
