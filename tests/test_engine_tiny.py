@@ -193,3 +193,30 @@ def test_bad_input_is_a_clear_error(tiny_dir: Path) -> None:
         ctx.decode(Batch.from_tokens([1] * min(4, 16 - i), pos0=i))
     with pytest.raises(KVCacheFullError):
         ctx.decode(Batch.from_tokens([1], pos0=0, seq_id=1))
+
+
+def test_background_weight_copy_equals_the_synchronous_one(tiny_dir: Path) -> None:
+    from llamacpy.models import load_model
+
+    path = tiny(tiny_dir, GGMLType.Q4_K)
+    sync = load_model(path, background=False).store
+    bg = load_model(path, background=True).store
+    assert not sync.pending
+    for a, b in zip(sync.arrays_unchecked(), (bg.buf, bg.desc, bg.fbuf), strict=True):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    assert not bg.pending
+
+
+def test_a_failed_background_weight_copy_is_a_model_error(tiny_dir: Path, monkeypatch) -> None:
+    from llamacpy.errors import ModelError
+    from llamacpy.models.weights import TensorSource
+
+    def broken(self, shard, offset, nbytes):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(TensorSource, "span", broken)
+    ctx = Context(tiny(tiny_dir, GGMLType.Q8_0), _params())  # checks pass, the copy fails
+    with pytest.raises(ModelError, match="loading the weights failed: .*Input/output error"):
+        ctx.decode(Batch.from_tokens(TOKENS[:2]))
+    with pytest.raises(ModelError):  # and keeps failing, no half-copied weights used
+        ctx.decode(Batch.from_tokens(TOKENS[:2]))

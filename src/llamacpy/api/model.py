@@ -174,12 +174,13 @@ def load_model(
     """
     t0 = time.perf_counter()
     with GGUFModelFile(resolve_model(model_path)) as mf:  # parsed once, for both
-        info, tokenizer = ModelInfo.from_file(mf, kv_overrides)
+        arch = mf.get("general.architecture")
         for k in kv_overrides or {}:
-            if k.startswith(f"{info.arch}."):
+            if k.startswith(f"{arch}."):
                 raise UsageError(
                     f"kv_overrides[{k!r}]: overriding model hyper-parameters is not supported "
                     "by the engine yet (tokenizer.* and general.* keys are)"
                 )
-        ctx = Context(mf, params)
+        ctx = Context(mf, params)  # checked; the weights are copied in the background ...
+        info, tokenizer = ModelInfo.from_file(mf, kv_overrides)  # ... while this runs
     return LoadedModel(info, tokenizer, ctx, time.perf_counter() - t0)

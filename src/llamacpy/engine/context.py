@@ -116,15 +116,26 @@ class Context:
                 getattr(self.model, "rope_layers", self.model.rope), self._rope_factors()
             )
             ubs = split_batch(batch, self.n_ubatch)
-            if len(ubs) == 1:
-                return self._forward(ubs[0]).copy()
-            out = np.empty((batch.n_outputs, self.n_vocab), np.float32)
-            row = 0
-            for ub in ubs:
-                logits = self._forward(ub)
-                out[row : row + len(logits)] = logits
-                row += len(logits)
-            return out
+            try:
+                if len(ubs) == 1:
+                    return self._forward(ubs[0]).copy()
+                out = np.empty((batch.n_outputs, self.n_vocab), np.float32)
+                row = 0
+                for ub in ubs:
+                    logits = self._forward(ub)
+                    out[row : row + len(logits)] = logits
+                    row += len(logits)
+                return out
+            except BaseException:
+                self._undo(batch)
+                raise
+
+    def _undo(self, batch: Batch) -> None:
+        """A decode that failed (or was interrupted) leaves the cache as before it: each
+        sequence loses the positions the batch brought (they were all past its end)."""
+        seq, pos = batch.seq_id.reshape(-1), np.repeat(batch.pos, batch.seq_id.shape[1])
+        for s in np.unique(seq[seq >= 0]).tolist():
+            self.kv.seq_rm(s, int(pos[seq == s].min()), -1)
 
     def _forward(self, ub: UBatch) -> np.ndarray:
         kv = self.kv

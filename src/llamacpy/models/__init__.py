@@ -49,22 +49,35 @@ def load_model(
     *,
     use_mmap: bool = True,
     rope: RopeOverrides | None = None,
+    background: bool = True,
 ) -> Any:
     """Open, check and load a model for inference. ``path`` may be an already opened
     :class:`~llamacpy.gguf.GGUFModelFile` (its metadata is not parsed again; the caller
-    keeps it open and closes it)."""
+    keeps it open and closes it).
+
+    Everything is checked before this returns; with ``background`` the weights are then
+    copied into the kernels' layout by a thread while the caller goes on (the model's
+    forward pass, or reading its weight store, waits for them)."""
     own = not isinstance(path, GGUFModelFile)
     mf = model_file(path) if own else path
-    source = TensorSource(mf, use_mmap=use_mmap)
+    source = TensorSource(mf, use_mmap=use_mmap, background=background)
     try:
         arch = mf.get(KEY_ARCHITECTURE)
         if not isinstance(arch, str):
             raise ModelError(f"{path}: missing metadata key {KEY_ARCHITECTURE!r}")
-        return model_class(arch).load(mf, source, rope)
-    finally:
+        model = model_class(arch).load(mf, source, rope)
+    except BaseException:
         source.close()
+        raise
+    finally:
         if own:
-            mf.close()
+            mf.close()  # the source maps the shards itself
+    store = getattr(model, "store", None)
+    if store is not None:
+        store.after_build(source.close)
+    else:
+        source.close()
+    return model
 
 
 __all__ = ["RopeOverrides", "load_model", "model_class", "supported_architectures"]

@@ -19,6 +19,7 @@ import numpy as np
 from ..errors import ModelError
 from ..gguf import GGUFModelFile
 from ..hparams import HParams, check_model
+from ..kernel_cache import preload
 from ..ops import formats
 from ..ops.activations import ACT_SWIGLU
 from ..ops.attention import TILE
@@ -340,10 +341,10 @@ class LlamaModel:
         info = np.array([n, ub.n_kv, mode, n_out], np.int64)
         st = self.store
         mask_swa = ub.mask if ub.mask_swa is None else ub.mask_swa
-        llama_kernel.forward(
+        args = (
             self.fmask,
             n_threads,
-            (st.buf, st.desc, st.fbuf),
+            st.arrays_unchecked(),
             (self.layer_w, self.layer_n, self.layer_need, self.layer_kind),
             self.glob,
             self.hp_arr,
@@ -355,4 +356,8 @@ class LlamaModel:
             ws.scratch(),
             ws.barrier,
         )
+        if st.pending:  # first call: load the machine code while the weights are copied
+            preload(llama_kernel.forward, args)
+        st.wait()  # (raises if the copy failed)
+        llama_kernel.forward(*args)
         return ws.logits[:n_out, : self.hparams.n_vocab]

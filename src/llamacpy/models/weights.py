@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,9 +33,10 @@ _CHUNK = 4 << 20  # bytes of file repacked per parallel call (bounds the mapped 
 class TensorSource:
     """Reads the bytes of tensors of an opened model file, from its shards."""
 
-    def __init__(self, model: GGUFModelFile, use_mmap: bool = True) -> None:
+    def __init__(self, model: GGUFModelFile, use_mmap: bool = True, background: bool = False):
         self.model = model
         self.use_mmap = use_mmap
+        self.background = background  # WeightStore.build's default
         self._files: dict[int, object] = {}
         self._maps: dict[int, mmap.mmap] = {}
 
@@ -132,9 +134,55 @@ class WeightStore:
         self.matrices: list[tuple[Matrix, TensorInfo]] = []
         self.vectors: list[tuple[Vector, TensorInfo]] = []
         self._fsize = 0
-        self.buf = np.zeros(0, np.uint8)
-        self.desc = np.zeros((0, 4), np.int64)
-        self.fbuf = np.zeros(0, np.float32)
+        self._buf = np.zeros(0, np.uint8)
+        self._desc = np.zeros((0, 4), np.int64)
+        self._fbuf = np.zeros(0, np.float32)
+        self._job: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._lock = threading.Lock()
+        self._after: list = []  # called once the build is over
+
+    # the buffers, complete: reading one waits for a build still running in the background
+    @property
+    def buf(self) -> np.ndarray:
+        self.wait()
+        return self._buf
+
+    @property
+    def desc(self) -> np.ndarray:
+        self.wait()
+        return self._desc
+
+    @property
+    def fbuf(self) -> np.ndarray:
+        self.wait()
+        return self._fbuf
+
+    @property
+    def pending(self) -> bool:
+        """True while a background build is still filling the buffers."""
+        return self._job is not None
+
+    def arrays_unchecked(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(buf, desc, fbuf)`` without waiting: for typing a kernel call ahead of time."""
+        return self._buf, self._desc, self._fbuf
+
+    def wait(self) -> None:
+        """Wait for a background build; raise what it raised."""
+        job = self._job
+        if job is not None:
+            job.join()
+            self._job = None
+        if self._error is not None:
+            raise ModelError(f"loading the weights failed: {self._error}") from self._error
+
+    def after_build(self, fn) -> None:
+        """Call ``fn()`` once the build is over (now, when none is running)."""
+        with self._lock:
+            if self._job is not None and self._job.is_alive():
+                self._after.append(fn)
+                return
+        fn()
 
     def matrix(self, info: TensorInfo) -> Matrix:
         if len(info.shape) != 2:
@@ -156,21 +204,54 @@ class WeightStore:
     def types(self) -> set[GGMLType]:
         return {m.type for m, _ in self.matrices}
 
-    def build(self, source: TensorSource) -> None:
+    def build(self, source: TensorSource, background: bool | None = None) -> None:
         """Read, repack and place every queued tensor: file-order chunks of about
-        :data:`_CHUNK` bytes, each repacked in one parallel call, then its pages dropped."""
+        :data:`_CHUNK` bytes, each repacked in one parallel call, then its pages dropped.
+
+        Every tensor is checked first; with ``background`` the copying then runs in a
+        thread (the kernels release the GIL) while the caller goes on with what does not
+        need the weights (the tokenizer, the other kernels); reading :attr:`buf`,
+        :attr:`desc` or :attr:`fbuf` waits for it."""
         offsets, total = [], 0
-        for m, _ in self.matrices:
+        for m, info in self.matrices:
+            formats.check_tensor(info.nbytes, m.type, m.nrows, m.ncols, info.name)
             offsets.append(total)
             size = formats.repacked_nbytes(m.type, m.nrows, m.ncols)
             total += size + (-size % _ALIGN)
-        self.buf = np.empty(max(total, _ALIGN), np.uint8)
-        self.desc = np.zeros((len(self.matrices), 4), np.int64)
+        for v, info in self.vectors:
+            if info.nbytes < 4 * v.size:
+                raise ModelError(
+                    f"tensor {info.name!r} has {info.nbytes} bytes, {4 * v.size} needed"
+                )
+        self._buf = np.empty(max(total, _ALIGN), np.uint8)
+        self._desc = np.zeros((len(self.matrices), 4), np.int64)
+        self._fbuf = np.zeros(max(self._fsize, 16), np.float32)
         todo = sorted(
             ((source.model.shard_of(info.name), info.data_offset, m, info, off)
              for (m, info), off in zip(self.matrices, offsets)),
             key=lambda x: (x[0], x[1]),
         )  # fmt: skip
+        if not (source.background if background is None else background):
+            self._copy(source, todo)
+            return
+        self._error = None
+        self._job = threading.Thread(
+            target=self._background, args=(source, todo), name="llamacpy-weights", daemon=True
+        )
+        self._job.start()
+
+    def _background(self, source: TensorSource, todo: list) -> None:
+        try:
+            self._copy(source, todo)
+        except BaseException as e:  # re-raised by wait()
+            self._error = e
+        finally:
+            with self._lock:
+                after, self._after = self._after, []
+            for fn in after:
+                fn()
+
+    def _copy(self, source: TensorSource, todo: list) -> None:
         i = 0
         while i < len(todo):
             shard, start = todo[i][0], todo[i][1]
@@ -181,15 +262,15 @@ class WeightStore:
             raw = source.span(shard, start, end - start)
             items = [(info.data_offset - start, m.type, m.nrows, m.ncols, off)
                      for _, _, m, info, off in todo[i:j]]  # fmt: skip
-            formats.repack_many(raw, items, self.buf)
+            formats.repack_many(raw, items, self._buf)
             del raw
             source.release_span(shard, start, end - start)
             for _, _, m, _, off in todo[i:j]:
-                self.desc[m.index] = (int(m.type), off, m.nrows, m.ncols)
+                self._desc[m.index] = (int(m.type), off, m.nrows, m.ncols)
             i = j
-        self.fbuf = np.zeros(max(self._fsize, 16), np.float32)
         for v, info in self.vectors:
-            self.fbuf[v.offset : v.offset + v.size] = source.raw(info).view(np.float32)
+            self._fbuf[v.offset : v.offset + v.size] = source.raw(info).view(np.float32)
+            source.release(info)  # a large page-cache folio maps whole: drop it again
 
     @property
     def nbytes(self) -> int:

@@ -256,7 +256,7 @@ def _repack_group(raw, so0, nrows, nblk, src_bytes, dst_bytes, ops, out, do0, g,
                     _repack_op(zero, so, out, dst, r, kind, n, e)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _repack_jobs(raw, jobs, ops_all, out):
     """Repack several tensors in one parallel region. ``jobs`` int64 ``[n, 8]``: source
     offset, nrows, blocks per row, source / group block bytes, first op row and op count in
@@ -277,12 +277,21 @@ def _repack_jobs(raw, jobs, ops_all, out):
         )
 
 
-def _check(raw: np.ndarray, lay: Layout, nrows: int, ncols: int) -> None:
+def check_tensor(
+    nbytes: int, t: GGMLType | int, nrows: int, ncols: int, tensor: str | None = None
+) -> None:
+    """Raise :class:`ModelError` unless ``nbytes`` hold a repackable ``nrows x ncols``."""
+    lay = layout(t, tensor)
+    where = f"tensor {tensor!r}: " if tensor else ""
     if ncols % lay.qk:
-        raise ModelError(f"{lay.type.name} row length {ncols} is not a multiple of {lay.qk}")
+        raise ModelError(f"{where}{lay.type.name} row length {ncols} is not a multiple of {lay.qk}")
     need = nrows * ncols // lay.qk * lay.src_bytes
-    if raw.size < need:
-        raise ModelError(f"{lay.type.name} tensor has {raw.size} bytes, {need} needed")
+    if nbytes < need:
+        raise ModelError(f"{where}{lay.type.name} tensor has {nbytes} bytes, {need} needed")
+
+
+def _check(raw: np.ndarray, lay: Layout, nrows: int, ncols: int) -> None:
+    check_tensor(raw.size, lay.type, nrows, ncols)
 
 
 def repack(raw: np.ndarray, t: GGMLType | int, nrows: int, ncols: int, out=None) -> np.ndarray:
