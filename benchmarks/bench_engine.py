@@ -9,10 +9,19 @@ Speed is measured as ``llama-bench -p 512 -n 128`` does: pp = one batch of ``p``
 tokens from an empty cache, logits of the last token only; tg = ``n`` single-token decodes
 from an empty cache; ``r`` repetitions after a warm-up, mean +- std. Each side runs in its
 own process, alternating, so both see the same machine load; the machine is shared, so
-look at the ratios and repeat when ``uptime`` shows other load. Peak RSS and time to
-first token are whole-process figures (``llama-completion -c CTX -n 64`` / ``-n 1`` against
-the same work done by this engine). The llama.cpp tools directory comes from ``--llama-bin``
-or ``$LLAMA_CPP_BIN``; without the tools the llama.cpp side is skipped with a message.
+look at the ratios and repeat when ``uptime`` shows other load.
+
+Peak RSS and time to first token are whole-process figures of the two command-line tools
+on the same prompt and flags: ``llama-completion -c CTX --temp 0 -n 64`` (RSS) and ``-n 1``
+(TTFT, best of 3) against ``llamacpy run`` with the same flags; a third row is the engine
+API from token ids (no tokenizer, no sampler chain). Before the RSS runs the shared
+libraries of both sides and the model are dropped from the page cache (``--page-cache
+keep`` skips that): how many pages a process maps from a library depends on the size of the
+page-cache folios holding it (a library just written by ``pip install`` sits in large folios
+and is mapped in 2 MiB pieces; read back from disk it is mapped in small ones), which
+would make the figure depend on the machine's history rather than on the program.
+The llama.cpp tools directory comes from ``--llama-bin`` or ``$LLAMA_CPP_BIN``; without the
+tools the llama.cpp side is skipped with a message.
 """
 
 from __future__ import annotations
@@ -76,6 +85,26 @@ def _run_rss(cmd: list[str], env: dict | None = None) -> tuple[float, int, str]:
         return wall, ru.ru_maxrss, out.read()
 
 
+def _evict(roots: list[Path]) -> int:
+    """Drop the shared libraries under ``roots`` (and model files) from the page cache."""
+    n = 0
+    for root in roots:
+        files = [root] if root.is_file() else [p for p in root.rglob("*") if p.is_file()]
+        for f in files:
+            if ".so" not in f.name and f.suffix != ".gguf" and f != root:
+                continue
+            try:
+                fd = os.open(f, os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                n += 1
+            finally:
+                os.close(fd)
+    return n
+
+
 def llama_bench(bin_dir: Path, model: str, a) -> dict[str, list[float]]:
     _, _, out = _run_rss(
         [
@@ -125,6 +154,12 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=4096, help="context for the RSS / TTFT runs")
     ap.add_argument("--llama-bin", default=os.environ.get("LLAMA_CPP_BIN", DEFAULT_BIN))
     ap.add_argument("--skip-cold", action="store_true", help="skip the cold-compile run")
+    ap.add_argument(
+        "--page-cache",
+        choices=("evict", "keep"),
+        default="evict",
+        help="drop both sides' libraries and the model from the page cache before RSS",
+    )
     a = ap.parse_args()
 
     from llamacpy.registry import resolve_model
@@ -159,42 +194,37 @@ def main() -> None:
 
     # whole-process runs: peak RSS while generating, warm time to first token
     ids = ",".join(str(i) for i in range(100, 116))  # 16 tokens, like the prompt
-    ours_cmd = [sys.executable, "-c", _OURS_GEN, model, str(a.ctx)]
+    api_cmd = [sys.executable, "-c", _OURS_GEN, model, str(a.ctx)]
+    flags = ["-m", model, "-p", PROMPT, "-t", str(a.t), "-c", str(a.ctx), "--temp", "0"]
+    ours = [sys.executable, "-m", "llamacpy", "run", *flags, "--ignore-eos"]
+    if a.page_cache == "evict":
+        dropped = _evict([model, bin_dir, Path(sys.prefix), Path(sys.base_prefix) / "lib"])
+        print(f"\npage cache: dropped {dropped} library/model files of both sides before RSS")
     rows = []
     if have_llama:
-        comp = [
-            str(bin_dir / "llama-completion"),
-            "-m",
-            model,
-            "-p",
-            PROMPT,
-            "-t",
-            str(a.t),
-            "-c",
-            str(a.ctx),
-            "--temp",
-            "0",
-            "-no-cnv",
-            "--no-warmup",
-            "--ignore-eos",
-        ]
+        comp = [str(bin_dir / "llama-completion"), *flags, "-no-cnv", "--no-warmup",
+                "--ignore-eos"]  # fmt: skip
         rss_l = _run_rss([*comp, "-n", "64"])[1]
         ttft_l = min(_run_rss([*comp, "-n", "1"])[0] for _ in range(3))
         rows.append(("llama.cpp", rss_l, ttft_l))
-    rss_o = _run_rss([*ours_cmd, "64", ids, str(a.t)])[1]
-    ttft_o = min(_run_rss([*ours_cmd, "1", ids, str(a.t)])[0] for _ in range(3))
+    rss_o = _run_rss([*ours, "-n", "64"])[1]
+    ttft_o = min(_run_rss([*ours, "-n", "1"])[0] for _ in range(3))
     rows.append(("llamacpy", rss_o, ttft_o))
+    rss_a = _run_rss([*api_cmd, "64", ids, str(a.t)])[1]
+    ttft_a = min(_run_rss([*api_cmd, "1", ids, str(a.t)])[0] for _ in range(3))
+    rows.append(("  (API)", rss_a, ttft_a))
     print(f"\n{'':10s} {'peak RSS (MiB)':>15s} {'TTFT warm (s)':>14s}   (n_ctx {a.ctx})")
     for name, rss, ttft in rows:
         print(f"{name:10s} {rss / 1024:15.1f} {ttft:14.3f}")
     if have_llama:
-        print(f"ratio RSS: {rss_o / rss_l:.2f}x, TTFT: {ttft_o / ttft_l:.2f}x llama.cpp")
+        print(f"ratio RSS: {rss_o / rss_l:.2f}x, TTFT: {ttft_o / ttft_l:.2f}x llama.cpp "
+              f"(API: {rss_a / rss_l:.2f}x, {ttft_a / ttft_l:.2f}x)")  # fmt: skip
 
     if not a.skip_cold:  # first start: empty kernel cache (numba's NUMBA_CACHE_DIR override)
         with tempfile.TemporaryDirectory() as cache:
             env = {**os.environ, "NUMBA_CACHE_DIR": cache}
-            cold = _run_rss([*ours_cmd, "1", ids, str(a.t)], env=env)[0]
-            warm = _run_rss([*ours_cmd, "1", ids, str(a.t)], env=env)[0]
+            cold = _run_rss([*ours, "-n", "1"], env=env)[0]
+            warm = _run_rss([*ours, "-n", "1"], env=env)[0]
         print(
             f"\nfirst start (kernels compiled): {cold:.1f} s; second start (cached): {warm:.2f} s"
         )
