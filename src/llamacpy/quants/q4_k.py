@@ -27,6 +27,7 @@ from llamacpy.quants._helpers import (
     run_quantize_np,
     store_f16,
 )
+from llamacpy.quants._lanes import LANES, make_qkx_quants_x16
 from llamacpy.quants._registry import QuantFormat, register
 from llamacpy.quants._search import (
     get_scale_min_k4,
@@ -100,38 +101,45 @@ def dequantize_numpy(raw, n: int) -> np.ndarray:
 
 
 @njit(cache=True)
-def scales_ref(x, L, out, o, nmax, rmin, rdelta, nstep):
-    """The ``_ref`` scale search of Q4_K/Q5_K: fills ``L`` and writes d, dmin, scales at
-    ``out[o:o+16]``."""
-    Laux = np.empty(32, dtype=np.uint8)
-    weights = np.empty(32, dtype=np.float32)
-    scales = np.empty(8, dtype=np.float32)
-    mins = np.empty(8, dtype=np.float32)
-    max_scale = F0
-    max_min = F0
-    for g in range(8):
-        xg = x[32 * g : 32 * g + 32]
+def scales_ref(x, i0, nb, L, out, type_size, nmax, rmin, rdelta, nstep):
+    """The ``_ref`` scale search of Q4_K/Q5_K for the ``nb`` (1 or 2) super-blocks from
+    block ``i0`` of ``x``, their 16 sub-blocks searched together: fills ``L`` (``nb * 256``
+    quants) and writes each block's d, dmin and scales into ``out`` (blocks of
+    ``type_size`` bytes)."""
+    xt = np.zeros(32 * LANES, dtype=np.float32)
+    wt = np.zeros(32 * LANES, dtype=np.float32)
+    Lt = np.empty(32 * LANES, dtype=np.int32)
+    Lauxt = np.empty(32 * LANES, dtype=np.int32)
+    res = np.empty(2 * LANES, dtype=np.float32)
+    for lane in range(8 * nb):
+        xg = x[i0 * QK + 32 * lane : i0 * QK + 32 * lane + 32]
         sum_x2 = F0
         for k in range(32):
             sum_x2 += xg[k] * xg[k]
         av_x = np.sqrt(sum_x2 / F32(32))
         for k in range(32):
-            weights[k] = av_x + abs(xg[k])
-        scales[g], mins[g] = make_qkx_quants(
-            32, nmax, xg, weights, L[32 * g : 32 * g + 32], Laux, rmin, rdelta, nstep, False
-        )
-        if scales[g] > max_scale:
-            max_scale = scales[g]
-        if mins[g] > max_min:
-            max_min = mins[g]
-    inv_scale = _63 / max_scale if max_scale > F0 else F0
-    inv_min = _63 / max_min if max_min > F0 else F0
-    for g in range(8):
-        ls = min(63, nearest_int(inv_scale * scales[g]) & 0xFF)
-        lm = min(63, nearest_int(inv_min * mins[g]) & 0xFF)
-        put_scale_min_k4(g, out, o + _O_SC, ls, lm)
-    store_f16(out, o, max_scale / _63)
-    store_f16(out, o + 2, max_min / _63)
+            xt[LANES * k + lane] = xg[k]
+            wt[LANES * k + lane] = av_x + abs(xg[k])
+    make_qkx_quants_x16(32, nmax, xt, wt, Lt, Lauxt, rmin, rdelta, nstep, False, res)
+    for b in range(nb):
+        o = (i0 + b) * type_size
+        max_scale = F0
+        max_min = F0
+        for g in range(8):
+            if res[8 * b + g] > max_scale:
+                max_scale = res[8 * b + g]
+            if res[LANES + 8 * b + g] > max_min:
+                max_min = res[LANES + 8 * b + g]
+            for k in range(32):
+                L[QK * b + 32 * g + k] = Lt[LANES * k + 8 * b + g]
+        inv_scale = _63 / max_scale if max_scale > F0 else F0
+        inv_min = _63 / max_min if max_min > F0 else F0
+        for g in range(8):
+            ls = min(63, nearest_int(inv_scale * res[8 * b + g]) & 0xFF)
+            lm = min(63, nearest_int(inv_min * res[LANES + 8 * b + g]) & 0xFF)
+            put_scale_min_k4(g, out, o + _O_SC, ls, lm)
+        store_f16(out, o, max_scale / _63)
+        store_f16(out, o + 2, max_min / _63)
 
 
 @njit(cache=True)
@@ -240,13 +248,16 @@ def _pack(L, out, o):
 
 @njit(cache=True, parallel=True)
 def _quantize_ref_kernel(x, out):
-    for i in prange(x.size // QK):
-        xb = x[i * QK : (i + 1) * QK]
-        o = i * TYPE_SIZE
-        L = np.empty(QK, dtype=np.uint8)
-        scales_ref(xb, L, out, o, 15, F32(-1.0), F32(0.1), 20)
-        requantize(xb, L, out, o, 15)
-        _pack(L, out, o)
+    nblk = x.size // QK
+    for p in prange((nblk + 1) // 2):
+        nb = min(2, nblk - 2 * p)
+        L = np.empty(2 * QK, dtype=np.uint8)
+        scales_ref(x, 2 * p, nb, L, out, TYPE_SIZE, 15, F32(-1.0), F32(0.1), 20)
+        for b in range(nb):
+            i = 2 * p + b
+            Lb = L[b * QK : (b + 1) * QK]
+            requantize(x[i * QK : (i + 1) * QK], Lb, out, i * TYPE_SIZE, 15)
+            _pack(Lb, out, i * TYPE_SIZE)
 
 
 @njit(cache=True, parallel=True)
