@@ -12,6 +12,7 @@ Group data is passed transposed: element ``i`` of group ``g`` at ``[16*i + g]``.
 
 from __future__ import annotations
 
+import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
@@ -269,3 +270,25 @@ def make_qx_quants_x16(n, nmax, xt, wt, Lt, Lauxt, res):
     for i in range(n):
         vstore_i32(Lt, LANES * i, vblend(tiny, z, vload_i32(Lt, LANES * i) + off))
     vstore_f32(res, 0, vblend(tiny, zero, scale))
+
+
+@njit(cache=True)
+def make_qkx_quants_groups(ng, n, nmax, x, w, L, rmin, rdelta, nstep, use_mad, scales, mins):
+    """:func:`make_qkx_quants_x16` on the ``ng`` (at most 16) consecutive groups of ``n``
+    values of ``x`` (weights ``w``): quants to ``L`` (same layout as ``x``), and group
+    ``g``'s ``(scale, -min)`` to ``scales[g], mins[g]``."""
+    xt = np.zeros(n * LANES, dtype=np.float32)
+    wt = np.zeros(n * LANES, dtype=np.float32)
+    Lt = np.empty(n * LANES, dtype=np.int32)
+    Lauxt = np.empty(n * LANES, dtype=np.int32)
+    res = np.empty(2 * LANES, dtype=np.float32)
+    for g in range(ng):
+        for k in range(n):
+            xt[LANES * k + g] = x[n * g + k]
+            wt[LANES * k + g] = w[n * g + k]
+    make_qkx_quants_x16(n, nmax, xt, wt, Lt, Lauxt, rmin, rdelta, nstep, use_mad, res)
+    for g in range(ng):
+        scales[g] = res[g]
+        mins[g] = res[LANES + g]
+        for k in range(n):
+            L[n * g + k] = Lt[LANES * k + g]

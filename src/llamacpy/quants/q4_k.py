@@ -27,11 +27,10 @@ from llamacpy.quants._helpers import (
     run_quantize_np,
     store_f16,
 )
-from llamacpy.quants._lanes import LANES, make_qkx_quants_x16
+from llamacpy.quants._lanes import LANES, make_qkx_quants_groups
 from llamacpy.quants._registry import QuantFormat, register
 from llamacpy.quants._search import (
     get_scale_min_k4,
-    make_qkx_quants,
     make_qp_quants,
     put_scale_min_k4,
 )
@@ -106,21 +105,19 @@ def scales_ref(x, i0, nb, L, out, type_size, nmax, rmin, rdelta, nstep):
     block ``i0`` of ``x``, their 16 sub-blocks searched together: fills ``L`` (``nb * 256``
     quants) and writes each block's d, dmin and scales into ``out`` (blocks of
     ``type_size`` bytes)."""
-    xt = np.zeros(32 * LANES, dtype=np.float32)
-    wt = np.zeros(32 * LANES, dtype=np.float32)
-    Lt = np.empty(32 * LANES, dtype=np.int32)
-    Lauxt = np.empty(32 * LANES, dtype=np.int32)
+    xb = x[i0 * QK : (i0 + nb) * QK]
+    weights = np.empty(nb * QK, dtype=np.float32)
     res = np.empty(2 * LANES, dtype=np.float32)
-    for lane in range(8 * nb):
-        xg = x[i0 * QK + 32 * lane : i0 * QK + 32 * lane + 32]
+    for g in range(8 * nb):
         sum_x2 = F0
         for k in range(32):
-            sum_x2 += xg[k] * xg[k]
+            sum_x2 += xb[32 * g + k] * xb[32 * g + k]
         av_x = np.sqrt(sum_x2 / F32(32))
         for k in range(32):
-            xt[LANES * k + lane] = xg[k]
-            wt[LANES * k + lane] = av_x + abs(xg[k])
-    make_qkx_quants_x16(32, nmax, xt, wt, Lt, Lauxt, rmin, rdelta, nstep, False, res)
+            weights[32 * g + k] = av_x + abs(xb[32 * g + k])
+    make_qkx_quants_groups(
+        8 * nb, 32, nmax, xb, weights, L, rmin, rdelta, nstep, False, res, res[LANES:]
+    )
     for b in range(nb):
         o = (i0 + b) * type_size
         max_scale = F0
@@ -130,8 +127,6 @@ def scales_ref(x, i0, nb, L, out, type_size, nmax, rmin, rdelta, nstep):
                 max_scale = res[8 * b + g]
             if res[LANES + 8 * b + g] > max_min:
                 max_min = res[LANES + 8 * b + g]
-            for k in range(32):
-                L[QK * b + 32 * g + k] = Lt[LANES * k + 8 * b + g]
         inv_scale = _63 / max_scale if max_scale > F0 else F0
         inv_min = _63 / max_min if max_min > F0 else F0
         for g in range(8):
@@ -145,8 +140,7 @@ def scales_ref(x, i0, nb, L, out, type_size, nmax, rmin, rdelta, nstep):
 @njit(cache=True)
 def scales_impl(x, qw, L, out, o, nmax):
     """The ``_impl`` (importance-weighted) scale search of Q4_K/Q5_K."""
-    Laux = np.empty(32, dtype=np.uint8)
-    weights = np.empty(32, dtype=np.float32)
+    weights = np.empty(QK, dtype=np.float32)
     scales = np.empty(8, dtype=np.float32)
     mins = np.empty(8, dtype=np.float32)
     sw = np.empty(8, dtype=np.float32)
@@ -157,16 +151,14 @@ def scales_impl(x, qw, L, out, o, nmax):
         sum_x2 += x[k] * x[k]
     sigma2 = F32(2.0) * sum_x2 / F32(QK)
     for g in range(8):
-        xg = x[32 * g : 32 * g + 32]
-        for k in range(32):
-            weights[k] = qw[32 * g + k] * np.sqrt(sigma2 + xg[k] * xg[k])
         sumw = F0
-        for k in range(32):
+        for k in range(32 * g, 32 * g + 32):
+            weights[k] = qw[k] * np.sqrt(sigma2 + x[k] * x[k])
             sumw += weights[k]
         sw[g] = sumw
-        scales[g], mins[g] = make_qkx_quants(
-            32, nmax, xg, weights, L[32 * g : 32 * g + 32], Laux, F32(-0.9), F32(0.05), 36, False
-        )
+    make_qkx_quants_groups(
+        8, 32, nmax, x, weights, L, F32(-0.9), F32(0.05), 36, False, scales, mins
+    )
     d_block = make_qp_quants(8, 63, scales, Ls, sw)
     m_block = make_qp_quants(8, 63, mins, Lm, sw)
     for g in range(8):
