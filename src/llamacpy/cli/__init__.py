@@ -39,20 +39,23 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The full parser, or with ``only`` the parser of that one subcommand (what running it
+    needs: the other subcommand modules are not imported)."""
     parser = _Parser(
         prog="llamacpy",
         description="llama.cpp's engine and tools in Python.",
     )
     parser.add_argument("--version", action="version", version=f"llamacpy {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for name in SUBCOMMANDS:
+    for name in [only] if only in SUBCOMMANDS else SUBCOMMANDS:
         importlib.import_module(f"{__name__}.{name}").register(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv[0] if argv else None)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
