@@ -217,6 +217,23 @@ def make_qkx_quants_x16(n, nmax, xt, wt, Lt, Lauxt, rmin, rdelta, nstep, use_mad
 
 
 @njit(cache=True)
+def _qx_pass(n, nmax, iscale, xt, wt, Lt):
+    """One candidate scale of :func:`make_qx_quants_x16`: quants ``l`` to ``Lt`` and the
+    sums ``(sum w*x*l, sum w*l*l)``."""
+    sumlx = vsplat_f32(F0)
+    suml2 = vsplat_f32(F0)
+    for i in range(n):
+        x = vload_f32(xt, LANES * i)
+        li = vnearest(iscale * x, -nmax, nmax - 1)
+        vstore_i32(Lt, LANES * i, li)
+        fl = vcvt(li)
+        w = vload_f32(wt, LANES * i)
+        sumlx = sumlx + w * x * fl
+        suml2 = suml2 + w * fl * fl
+    return sumlx, suml2
+
+
+@njit(cache=True)
 def make_qx_quants_x16(n, nmax, xt, wt, Lt, Lauxt, res):
     """:func:`~llamacpy.quants._search.make_qx_quants` on 16 groups of ``n``: quants
     ``l + nmax`` to ``Lt`` (int32, transposed) and the scales to ``res[0:16]``."""
@@ -230,33 +247,14 @@ def make_qx_quants_x16(n, nmax, xt, wt, Lt, Lauxt, res):
         amax = vblend(up, ax, amax)
         mx = vblend(up, x, mx)
     tiny = vlt(amax, vsplat_f32(GROUP_MAX_EPS))
-    iscale = vsplat_f32(F32(-nmax)) / mx
-    sumlx = zero
-    suml2 = zero
-    for i in range(n):
-        x = vload_f32(xt, LANES * i)
-        li = vnearest(iscale * x, -nmax, nmax - 1)
-        vstore_i32(Lt, LANES * i, li)
-        fl = vcvt(li)
-        w = vload_f32(wt, LANES * i)
-        sumlx = sumlx + w * x * fl
-        suml2 = suml2 + w * fl * fl
+    sumlx, suml2 = _qx_pass(n, nmax, vsplat_f32(F32(-nmax)) / mx, xt, wt, Lt)
     scale = vblend(vne(suml2, zero), sumlx / suml2, zero)
     best = scale * sumlx
     for step in range(-9, 10):
         if step == 0:
             continue
         iscale = vsplat_f32(-(F32(nmax) + _TENTH * F32(step))) / mx
-        sumlx = zero
-        suml2 = zero
-        for i in range(n):
-            x = vload_f32(xt, LANES * i)
-            li = vnearest(iscale * x, -nmax, nmax - 1)
-            vstore_i32(Lauxt, LANES * i, li)
-            fl = vcvt(li)
-            w = vload_f32(wt, LANES * i)
-            sumlx = sumlx + w * x * fl
-            suml2 = suml2 + w * fl * fl
+        sumlx, suml2 = _qx_pass(n, nmax, iscale, xt, wt, Lauxt)
         better = vgt(suml2, zero) & vgt(sumlx * sumlx, best * suml2)
         if not vany(better):
             continue
