@@ -15,6 +15,8 @@ from ..errors import UsageError
 
 
 def _resolve(name_or_path: str) -> Path:
+    if Path(name_or_path).exists():  # a path: no need to load the model registry
+        return Path(name_or_path)
     from ..registry import resolve_model
 
     return resolve_model(name_or_path)

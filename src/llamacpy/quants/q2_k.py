@@ -25,8 +25,9 @@ from llamacpy.quants._helpers import (
     run_quantize_np,
     store_f16,
 )
+from llamacpy.quants._lanes import make_qkx_quants_groups
 from llamacpy.quants._registry import QuantFormat, register
-from llamacpy.quants._search import make_qkx_quants, make_qp_quants
+from llamacpy.quants._search import make_qp_quants
 from llamacpy.quants._search_np import make_qkx_quants_np, make_qp_quants_np, seqsum
 
 TYPE = GGMLType.Q2_K
@@ -118,19 +119,15 @@ def _finish(x, L, out, o):
 def _ref_block(x, out, o):
     """``quantize_row_q2_K_ref`` for one super-block."""
     L = np.empty(QK, dtype=np.uint8)
-    Laux = np.empty(16, dtype=np.uint8)
-    weights = np.empty(16, dtype=np.float32)
+    weights = np.empty(QK, dtype=np.float32)
     scales = np.empty(16, dtype=np.float32)
     mins = np.empty(16, dtype=np.float32)
+    for k in range(QK):
+        weights[k] = abs(x[k])
+    make_qkx_quants_groups(16, 16, 3, x, weights, L, F32(-0.5), F32(0.1), 15, True, scales, mins)
     max_scale = F0
     max_min = F0
     for g in range(16):
-        xg = x[16 * g : 16 * g + 16]
-        for k in range(16):
-            weights[k] = abs(xg[k])
-        scales[g], mins[g] = make_qkx_quants(
-            16, 3, xg, weights, L[16 * g : 16 * g + 16], Laux, F32(-0.5), F32(0.1), 15, True
-        )
         if scales[g] > max_scale:
             max_scale = scales[g]
         if mins[g] > max_min:
@@ -164,8 +161,7 @@ def _quantize_ref_kernel(x, out):
 def _impl_block(x, qw, out, o):
     """``quantize_row_q2_K_impl`` for one super-block."""
     L = np.empty(QK, dtype=np.uint8)
-    Laux = np.empty(16, dtype=np.uint8)
-    weight = np.empty(16, dtype=np.float32)
+    weight = np.empty(QK, dtype=np.float32)
     scales = np.empty(16, dtype=np.float32)
     mins = np.empty(16, dtype=np.float32)
     sw = np.zeros(16, dtype=np.float32)
@@ -176,14 +172,11 @@ def _impl_block(x, qw, out, o):
         sumx2 += x[j] * x[j]
     sigma2 = sumx2 / F32(QK)
     for g in range(16):
-        xg = x[16 * g : 16 * g + 16]
-        for k in range(16):
-            weight[k] = qw[16 * g + k] * np.sqrt(sigma2 + xg[k] * xg[k])
-        for k in range(16):
+        for k in range(16 * g, 16 * g + 16):
+            weight[k] = qw[k] * np.sqrt(sigma2 + x[k] * x[k])
+        for k in range(16 * g, 16 * g + 16):
             sw[g] += weight[k]
-        scales[g], mins[g] = make_qkx_quants(
-            16, 3, xg, weight, L[16 * g : 16 * g + 16], Laux, F32(-0.9), F32(0.05), 36, False
-        )
+    make_qkx_quants_groups(16, 16, 3, x, weight, L, F32(-0.9), F32(0.05), 36, False, scales, mins)
     dm = make_qp_quants(16, 15, scales, Ls, sw)
     mm = make_qp_quants(16, 15, mins, Lm, sw)
     store_f16(out, o + _O_D, dm)

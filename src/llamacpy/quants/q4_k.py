@@ -27,10 +27,10 @@ from llamacpy.quants._helpers import (
     run_quantize_np,
     store_f16,
 )
+from llamacpy.quants._lanes import LANES, make_qkx_quants_groups
 from llamacpy.quants._registry import QuantFormat, register
 from llamacpy.quants._search import (
     get_scale_min_k4,
-    make_qkx_quants,
     make_qp_quants,
     put_scale_min_k4,
 )
@@ -100,45 +100,47 @@ def dequantize_numpy(raw, n: int) -> np.ndarray:
 
 
 @njit(cache=True)
-def scales_ref(x, L, out, o, nmax, rmin, rdelta, nstep):
-    """The ``_ref`` scale search of Q4_K/Q5_K: fills ``L`` and writes d, dmin, scales at
-    ``out[o:o+16]``."""
-    Laux = np.empty(32, dtype=np.uint8)
-    weights = np.empty(32, dtype=np.float32)
-    scales = np.empty(8, dtype=np.float32)
-    mins = np.empty(8, dtype=np.float32)
-    max_scale = F0
-    max_min = F0
-    for g in range(8):
-        xg = x[32 * g : 32 * g + 32]
+def scales_ref(x, i0, nb, L, out, type_size, nmax, rmin, rdelta, nstep):
+    """The ``_ref`` scale search of Q4_K/Q5_K for the ``nb`` (1 or 2) super-blocks from
+    block ``i0`` of ``x``, their 16 sub-blocks searched together: fills ``L`` (``nb * 256``
+    quants) and writes each block's d, dmin and scales into ``out`` (blocks of
+    ``type_size`` bytes)."""
+    xb = x[i0 * QK : (i0 + nb) * QK]
+    weights = np.empty(nb * QK, dtype=np.float32)
+    res = np.empty(2 * LANES, dtype=np.float32)
+    for g in range(8 * nb):
         sum_x2 = F0
         for k in range(32):
-            sum_x2 += xg[k] * xg[k]
+            sum_x2 += xb[32 * g + k] * xb[32 * g + k]
         av_x = np.sqrt(sum_x2 / F32(32))
         for k in range(32):
-            weights[k] = av_x + abs(xg[k])
-        scales[g], mins[g] = make_qkx_quants(
-            32, nmax, xg, weights, L[32 * g : 32 * g + 32], Laux, rmin, rdelta, nstep, False
-        )
-        if scales[g] > max_scale:
-            max_scale = scales[g]
-        if mins[g] > max_min:
-            max_min = mins[g]
-    inv_scale = _63 / max_scale if max_scale > F0 else F0
-    inv_min = _63 / max_min if max_min > F0 else F0
-    for g in range(8):
-        ls = min(63, nearest_int(inv_scale * scales[g]) & 0xFF)
-        lm = min(63, nearest_int(inv_min * mins[g]) & 0xFF)
-        put_scale_min_k4(g, out, o + _O_SC, ls, lm)
-    store_f16(out, o, max_scale / _63)
-    store_f16(out, o + 2, max_min / _63)
+            weights[32 * g + k] = av_x + abs(xb[32 * g + k])
+    make_qkx_quants_groups(
+        8 * nb, 32, nmax, xb, weights, L, rmin, rdelta, nstep, False, res, res[LANES:]
+    )
+    for b in range(nb):
+        o = (i0 + b) * type_size
+        max_scale = F0
+        max_min = F0
+        for g in range(8):
+            if res[8 * b + g] > max_scale:
+                max_scale = res[8 * b + g]
+            if res[LANES + 8 * b + g] > max_min:
+                max_min = res[LANES + 8 * b + g]
+        inv_scale = _63 / max_scale if max_scale > F0 else F0
+        inv_min = _63 / max_min if max_min > F0 else F0
+        for g in range(8):
+            ls = min(63, nearest_int(inv_scale * res[8 * b + g]) & 0xFF)
+            lm = min(63, nearest_int(inv_min * res[LANES + 8 * b + g]) & 0xFF)
+            put_scale_min_k4(g, out, o + _O_SC, ls, lm)
+        store_f16(out, o, max_scale / _63)
+        store_f16(out, o + 2, max_min / _63)
 
 
 @njit(cache=True)
 def scales_impl(x, qw, L, out, o, nmax):
     """The ``_impl`` (importance-weighted) scale search of Q4_K/Q5_K."""
-    Laux = np.empty(32, dtype=np.uint8)
-    weights = np.empty(32, dtype=np.float32)
+    weights = np.empty(QK, dtype=np.float32)
     scales = np.empty(8, dtype=np.float32)
     mins = np.empty(8, dtype=np.float32)
     sw = np.empty(8, dtype=np.float32)
@@ -149,16 +151,14 @@ def scales_impl(x, qw, L, out, o, nmax):
         sum_x2 += x[k] * x[k]
     sigma2 = F32(2.0) * sum_x2 / F32(QK)
     for g in range(8):
-        xg = x[32 * g : 32 * g + 32]
-        for k in range(32):
-            weights[k] = qw[32 * g + k] * np.sqrt(sigma2 + xg[k] * xg[k])
         sumw = F0
-        for k in range(32):
+        for k in range(32 * g, 32 * g + 32):
+            weights[k] = qw[k] * np.sqrt(sigma2 + x[k] * x[k])
             sumw += weights[k]
         sw[g] = sumw
-        scales[g], mins[g] = make_qkx_quants(
-            32, nmax, xg, weights, L[32 * g : 32 * g + 32], Laux, F32(-0.9), F32(0.05), 36, False
-        )
+    make_qkx_quants_groups(
+        8, 32, nmax, x, weights, L, F32(-0.9), F32(0.05), 36, False, scales, mins
+    )
     d_block = make_qp_quants(8, 63, scales, Ls, sw)
     m_block = make_qp_quants(8, 63, mins, Lm, sw)
     for g in range(8):
@@ -240,13 +240,16 @@ def _pack(L, out, o):
 
 @njit(cache=True, parallel=True)
 def _quantize_ref_kernel(x, out):
-    for i in prange(x.size // QK):
-        xb = x[i * QK : (i + 1) * QK]
-        o = i * TYPE_SIZE
-        L = np.empty(QK, dtype=np.uint8)
-        scales_ref(xb, L, out, o, 15, F32(-1.0), F32(0.1), 20)
-        requantize(xb, L, out, o, 15)
-        _pack(L, out, o)
+    nblk = x.size // QK
+    for p in prange((nblk + 1) // 2):
+        nb = min(2, nblk - 2 * p)
+        L = np.empty(2 * QK, dtype=np.uint8)
+        scales_ref(x, 2 * p, nb, L, out, TYPE_SIZE, 15, F32(-1.0), F32(0.1), 20)
+        for b in range(nb):
+            i = 2 * p + b
+            Lb = L[b * QK : (b + 1) * QK]
+            requantize(x[i * QK : (i + 1) * QK], Lb, out, i * TYPE_SIZE, 15)
+            _pack(Lb, out, i * TYPE_SIZE)
 
 
 @njit(cache=True, parallel=True)

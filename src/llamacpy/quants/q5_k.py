@@ -105,13 +105,16 @@ def _pack(L, out, o):
 
 @njit(cache=True, parallel=True)
 def _quantize_ref_kernel(x, out):
-    for i in prange(x.size // QK):
-        xb = x[i * QK : (i + 1) * QK]
-        o = i * TYPE_SIZE
-        L = np.empty(QK, dtype=np.uint8)
-        scales_ref(xb, L, out, o, 31, F32(-0.5), F32(0.1), 15)
-        requantize(xb, L, out, o, 31)
-        _pack(L, out, o)
+    nblk = x.size // QK
+    for p in prange((nblk + 1) // 2):
+        nb = min(2, nblk - 2 * p)
+        L = np.empty(2 * QK, dtype=np.uint8)
+        scales_ref(x, 2 * p, nb, L, out, TYPE_SIZE, 31, F32(-0.5), F32(0.1), 15)
+        for b in range(nb):
+            i = 2 * p + b
+            Lb = L[b * QK : (b + 1) * QK]
+            requantize(x[i * QK : (i + 1) * QK], Lb, out, i * TYPE_SIZE, 31)
+            _pack(Lb, out, i * TYPE_SIZE)
 
 
 @njit(cache=True, parallel=True)

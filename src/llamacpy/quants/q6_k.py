@@ -28,8 +28,8 @@ from llamacpy.quants._helpers import (
     run_quantize_np,
     store_f16,
 )
+from llamacpy.quants._lanes import LANES, make_qx_quants_x16
 from llamacpy.quants._registry import QuantFormat, register
-from llamacpy.quants._search import make_qx_quants
 from llamacpy.quants._search_np import absmax_np, make_qx_quants_np
 
 TYPE = GGMLType.Q6_K
@@ -90,15 +90,22 @@ def _block(x, qw, use_qw, out, o):
     """``quantize_row_q6_K_ref`` (``use_qw`` False: weights ``x*x``) / ``_impl`` for one
     super-block."""
     L = np.empty(QK, dtype=np.int8)
-    scales = np.empty(16, dtype=np.float32)
-    w = np.empty(16, dtype=np.float32)
+    xt = np.empty(QK, dtype=np.float32)
+    wt = np.empty(QK, dtype=np.float32)
+    Lt = np.empty(QK, dtype=np.int32)
+    Lauxt = np.empty(QK, dtype=np.int32)
+    scales = np.empty(LANES, dtype=np.float32)
+    for g in range(16):  # sub-block g in lane g
+        for k in range(16):
+            v = x[16 * g + k]
+            xt[LANES * k + g] = v
+            wt[LANES * k + g] = qw[16 * g + k] if use_qw else v * v
+    make_qx_quants_x16(16, 32, xt, wt, Lt, Lauxt, scales)
     max_scale = F0
     max_abs_scale = F0
     for g in range(16):
-        xg = x[16 * g : 16 * g + 16]
         for k in range(16):
-            w[k] = qw[16 * g + k] if use_qw else xg[k] * xg[k]
-        scales[g] = make_qx_quants(16, 32, xg, L[16 * g : 16 * g + 16], w)
+            L[16 * g + k] = Lt[LANES * k + g]
         if abs(scales[g]) > max_abs_scale:
             max_abs_scale = abs(scales[g])
             max_scale = scales[g]
