@@ -43,3 +43,70 @@ def test_every_kernel_package_registers_the_locator() -> None:
     from numba.core import caching
 
     assert caching.CacheImpl._locator_classes[0].__name__.endswith("KernelLocator")
+
+
+_LAZY_RUN = r"""
+import sys
+from pathlib import Path
+from llamacpy import kernel_cache
+pkg = Path(sys.argv[1])
+kernel_cache._KERNEL_DIRS = (pkg,)
+sys.path.insert(0, str(pkg.parent))
+from ops import kernel
+out = [kernel.callee(1)]
+if sys.argv[2] == "link":  # callee comes from the cache; caller is compiled and links it
+    lib = kernel.callee.overloads[kernel.callee.signatures[0]].library
+    out += [sum(kernel.callee.stats.cache_hits.values()), hasattr(lib, "_llamacpy_bitcode")]
+    out += [kernel.caller(1), hasattr(lib, "_llamacpy_bitcode")]
+print(*out)
+"""
+
+
+def test_cached_kernels_load_lazily_and_still_link(tmp_path: Path) -> None:
+    """A cached kernel is loaded without parsing its bitcode; a later compilation that calls
+    it links its library (the bitcode is parsed then) and runs correctly."""
+    import subprocess
+    import sys
+
+    pkg = tmp_path / "ops"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "kernel.py").write_text(
+        "from numba import njit\n\n"
+        "@njit(cache=True)\ndef callee(x):\n    return x * 2 + 1\n\n"
+        "@njit(cache=True)\ndef caller(x):\n    return callee(x) + 1\n"
+    )
+
+    def run(mode: str) -> list[str]:
+        p = subprocess.run(
+            [sys.executable, "-c", _LAZY_RUN, str(pkg), mode],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert p.returncode == 0, p.stderr[-3000:]
+        return p.stdout.split()
+
+    assert run("compile") == ["3"]
+    # loaded from the cache with its bitcode left unparsed, parsed when caller links it
+    assert run("link") == ["3", "1", "True", "4", "False"]
+
+
+def test_elf_symbols_are_read_from_the_object_code() -> None:
+    assert kernel_cache.elf_defined_symbols(b"not an object file") is None
+    from numba import njit
+
+    @njit
+    def f(x):
+        return x + 1
+
+    f(1)
+    lib = f.overloads[f.signatures[0]].library
+    obj = lib._get_compiled_object() if lib._object_caching_enabled else None
+    if obj is None:  # not compiled with object caching: emit it
+        obj = lib._codegen._tm.emit_object(lib._final_module)
+    names = kernel_cache.elf_defined_symbols(obj)
+    assert names and any(n.startswith("_ZN") for n in names)
+    mod = lib._final_module
+    defined = {g.name for g in (*mod.functions, *mod.global_variables) if not g.is_declaration}
+    assert {n for n in defined if not n.startswith(".") and "switch.table" not in n} <= names
