@@ -17,6 +17,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+import numba
 import numpy as np
 
 from ..errors import ModelError
@@ -141,6 +142,7 @@ class WeightStore:
         self._error: BaseException | None = None
         self._lock = threading.Lock()
         self._after: list = []  # called once the build is over
+        self._waiting = threading.Event()  # someone waits for a background build
 
     # the buffers, complete: reading one waits for a build still running in the background
     @property
@@ -171,6 +173,7 @@ class WeightStore:
         """Wait for a background build; raise what it raised."""
         job = self._job
         if job is not None:
+            self._waiting.set()  # the copy may use every thread now
             job.join()
             self._job = None
         if self._error is not None:
@@ -235,14 +238,18 @@ class WeightStore:
             self._copy(source, todo)
             return
         self._error = None
+        self._waiting.clear()
         self._job = threading.Thread(
-            target=self._background, args=(source, todo), name="llamacpy-weights", daemon=True
+            target=self._background,
+            args=(source, todo, numba.get_num_threads()),
+            name="llamacpy-weights",
+            daemon=True,
         )
         self._job.start()
 
-    def _background(self, source: TensorSource, todo: list) -> None:
+    def _background(self, source: TensorSource, todo: list, n_threads: int) -> None:
         try:
-            self._copy(source, todo)
+            self._copy(source, todo, n_threads)
         except BaseException as e:  # re-raised by wait()
             self._error = e
         finally:
@@ -251,9 +258,17 @@ class WeightStore:
             for fn in after:
                 fn()
 
-    def _copy(self, source: TensorSource, todo: list) -> None:
-        i = 0
+    def _copy(self, source: TensorSource, todo: list, n_threads: int = 0) -> None:
+        """The copy, chunk by chunk. In the background (``n_threads`` > 0) it runs on one
+        thread while the caller works (the caller has the other cores) and on ``n_threads``
+        once the caller waits for it (numba's thread count is per calling thread)."""
+        i, nth = 0, 0
         while i < len(todo):
+            if n_threads:
+                want = n_threads if self._waiting.is_set() else 1
+                if want != nth:
+                    numba.set_num_threads(want)
+                    nth = want
             shard, start = todo[i][0], todo[i][1]
             j, end = i, start
             while j < len(todo) and todo[j][0] == shard and (j == i or end - start < _CHUNK):
