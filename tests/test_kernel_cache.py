@@ -110,3 +110,39 @@ def test_elf_symbols_are_read_from_the_object_code() -> None:
     mod = lib._final_module
     defined = {g.name for g in (*mod.functions, *mod.global_variables) if not g.is_declaration}
     assert {n for n in defined if not n.startswith(".") and "switch.table" not in n} <= names
+
+
+_NRT_RUN = r"""
+from numba import njit
+from numba.core.runtime import rtsys
+from llamacpy import kernel_cache
+
+@njit
+def alloc(n):  # uses the runtime: array allocation and reference counting
+    a = [i * 2 for i in range(n)]
+    return sum(a) + len(a)
+
+print(alloc(100), rtsys.library.get_pointer_to_function("nrt_atomic_add") != 0)
+"""
+
+
+def test_the_runtime_library_is_cached_and_works(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+
+    def run() -> str:
+        p = subprocess.run(
+            [sys.executable, "-c", _NRT_RUN], capture_output=True, text=True, env=env, timeout=300
+        )
+        assert p.returncode == 0, p.stderr[-3000:]
+        return p.stdout.strip()
+
+    assert run() == "10000 True"  # compiled, then kept
+    assert len(list(tmp_path.glob("nrt-*.bin"))) == 1
+    assert run() == "10000 True"  # loaded from the file
+    for f in tmp_path.glob("nrt-*.bin"):  # a damaged file is compiled again, not trusted
+        f.write_bytes(b"garbage")
+    assert run() == "10000 True"

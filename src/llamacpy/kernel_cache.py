@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pickle
 import re
 import struct
 import threading
@@ -24,7 +25,7 @@ from pathlib import Path
 import llvmlite.binding as ll
 from numba.core import caching, config
 from numba.core import codegen as codegen_mod
-from numba.core.runtime import rtsys
+from numba.core.runtime import nrtdynmod, rtsys
 
 _ROOT = Path(__file__).resolve().parent  # the llamacpy package
 KERNEL_PACKAGES = ("quants", "ops", "tokenizer", "sampling", "models", "engine", "quantize")
@@ -244,6 +245,43 @@ _numba_unserialize = codegen_mod.CPUCodeLibrary._unserialize.__func__
 _numba_module_for_linking = codegen_mod.CPUCodeLibrary._get_module_for_linking
 
 
+def _nrt_cache_file(ctx) -> Path:
+    import llvmlite
+    import numba
+
+    key = repr((numba.__version__, llvmlite.__version__, ctx.codegen().magic_tuple()))
+    name = f"nrt-{hashlib.sha256(key.encode()).hexdigest()[:16]}.bin"
+    base = Path(config.CACHE_DIR) if config.CACHE_DIR else _ROOT / "__pycache__"
+    return base / name
+
+
+def _cached_nrt_functions(ctx):
+    """numba compiles its runtime's few LLVM functions afresh in every process (~50 ms of
+    each start); their machine code is kept on disk like a kernel's."""
+    path = _nrt_cache_file(ctx)
+    try:
+        state = pickle.loads(path.read_bytes())
+        _LOADING.on = True
+        try:
+            return ctx.codegen().unserialize_library(state)
+        finally:
+            _LOADING.on = False
+    except Exception:  # absent, unreadable or stale: compile (and try to keep it)
+        pass
+    ir_mod, library = nrtdynmod.create_nrt_module(ctx)
+    library.enable_object_caching()
+    library.add_ir_module(ir_mod)
+    library.finalize()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(pickle.dumps(library.serialize_using_object_code()))
+        os.replace(tmp, path)
+    except Exception:  # a read-only install: compile each time, as numba does
+        pass
+    return library
+
+
 def install() -> None:
     """Put the kernel locators first in numba's list (idempotent)."""
     global _KERNEL_LOCATORS
@@ -253,6 +291,8 @@ def install() -> None:
     if lib._get_module_for_linking is _numba_module_for_linking:
         lib._unserialize = classmethod(_lazy_unserialize)
         lib._get_module_for_linking = _module_for_linking
+    if getattr(nrtdynmod, "create_nrt_module", None) and not rtsys._init:
+        nrtdynmod.compile_nrt_functions = _cached_nrt_functions
     classes = caching.CacheImpl._locator_classes
     for cls in (_UserWideKernelLocator, _InTreeKernelLocator):
         if cls not in classes:
