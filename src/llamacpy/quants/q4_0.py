@@ -39,7 +39,7 @@ _NEG8 = F32(-8.0)
 _8_5 = F32(8.5)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _dequantize_kernel(raw, n):
     y = np.empty(n, dtype=np.float32)
     for i in prange(n // QK):
@@ -67,7 +67,7 @@ def dequantize_numpy(raw, n: int) -> np.ndarray:
 # ----------------------------------------------------------------------------- quantize
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _ref_block(x, out, o):
     """``quantize_row_q4_0_ref`` for one block."""
     amax = F0
@@ -85,13 +85,13 @@ def _ref_block(x, out, o):
         out[o + 2 + j] = q0 | (q1 << 4)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _quantize_ref_kernel(x, out):
     for i in prange(x.size // QK):
         _ref_block(x[i * QK : (i + 1) * QK], out, i * TYPE_SIZE)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _quantize_impl_kernel(rows, qw, rows_per_qw, out):
     """``quantize_row_q4_0_impl``: weights ``qw * sqrt(sigma2 + x*x)``, ``make_qx_quants``."""
     nrows, n_per_row = rows.shape

@@ -42,7 +42,7 @@ _RMIN = F32(-0.9)
 _RDELTA = F32(0.05)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _dequantize_kernel(raw, n):
     y = np.empty(n, dtype=np.float32)
     for i in prange(n // QK):
@@ -72,7 +72,7 @@ def dequantize_numpy(raw, n: int) -> np.ndarray:
 # ----------------------------------------------------------------------------- quantize
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _ref_block(x, out, o):
     """``quantize_row_q4_1_ref`` for one block."""
     mn = _FLT_MAX
@@ -92,13 +92,13 @@ def _ref_block(x, out, o):
         out[o + 4 + j] = q0 | (q1 << 4)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _quantize_ref_kernel(x, out):
     for i in prange(x.size // QK):
         _ref_block(x[i * QK : (i + 1) * QK], out, i * TYPE_SIZE)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _quantize_impl_kernel(rows, qw, rows_per_qw, out):
     """``quantize_row_q4_1_impl``: weights ``qw * sqrt(sigma2 + x*x)``, ``make_qkx3_quants``."""
     nrows, n_per_row = rows.shape

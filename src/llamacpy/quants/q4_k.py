@@ -45,7 +45,7 @@ _O_SC, _O_QS = 4, 16
 _63 = F32(63.0)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _dequantize_kernel(raw, n):
     y = np.empty(n, dtype=np.float32)
     for i in prange(n // QK):
@@ -99,7 +99,7 @@ def dequantize_numpy(raw, n: int) -> np.ndarray:
 # ----------------------------------------------------------------------------- shared with Q5_K
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def scales_ref(x, i0, nb, L, out, type_size, nmax, rmin, rdelta, nstep):
     """The ``_ref`` scale search of Q4_K/Q5_K for the ``nb`` (1 or 2) super-blocks from
     block ``i0`` of ``x``, their 16 sub-blocks searched together: fills ``L`` (``nb * 256``
@@ -137,7 +137,7 @@ def scales_ref(x, i0, nb, L, out, type_size, nmax, rmin, rdelta, nstep):
         store_f16(out, o + 2, max_min / _63)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def scales_impl(x, qw, L, out, o, nmax):
     """The ``_impl`` (importance-weighted) scale search of Q4_K/Q5_K."""
     weights = np.empty(QK, dtype=np.float32)
@@ -167,7 +167,7 @@ def scales_impl(x, qw, L, out, o, nmax):
     store_f16(out, o + 2, m_block)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def requantize(x, L, out, o, nmax):
     """Requantize ``L`` with the stored (fp16-rounded) scales and mins."""
     d_all = load_f16(out, o)
@@ -231,14 +231,14 @@ def requantize_np(x, L, packed, d, dmin, nmax):
 # ----------------------------------------------------------------------------- quantize
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _pack(L, out, o):
     for c in range(4):
         for k in range(32):
             out[o + _O_QS + 32 * c + k] = L[64 * c + k] | (L[64 * c + 32 + k] << 4)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _quantize_ref_kernel(x, out):
     nblk = x.size // QK
     for p in prange((nblk + 1) // 2):
@@ -252,7 +252,7 @@ def _quantize_ref_kernel(x, out):
             _pack(Lb, out, i * TYPE_SIZE)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _quantize_impl_kernel(rows, qw, rows_per_qw, out):
     nrows, n_per_row = rows.shape
     for r in prange(nrows):

@@ -40,7 +40,7 @@ _NEG16 = F32(-16.0)
 _16_5 = F32(16.5)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def load_qh(raw, o):
     """The little-endian uint32 at byte ``o``."""
     return (
@@ -51,7 +51,7 @@ def load_qh(raw, o):
     )
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def pack_5bit(L, out, o_qh, o_qs):
     """Store 32 five-bit values ``L``: low nibbles at ``out[o_qs:]``, fifth bits in ``qh``."""
     qh = 0
@@ -79,7 +79,7 @@ def pack_5bit_np(L: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return qh.astype(np.uint32), qs.astype(np.uint8)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _dequantize_kernel(raw, n):
     y = np.empty(n, dtype=np.float32)
     for i in prange(n // QK):
@@ -110,7 +110,7 @@ def dequantize_numpy(raw, n: int) -> np.ndarray:
 # ----------------------------------------------------------------------------- quantize
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _ref_block(x, out, o):
     """``quantize_row_q5_0_ref`` for one block."""
     amax = F0
@@ -128,13 +128,13 @@ def _ref_block(x, out, o):
     pack_5bit(L, out, o + 2, o + 6)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _quantize_ref_kernel(x, out):
     for i in prange(x.size // QK):
         _ref_block(x[i * QK : (i + 1) * QK], out, i * TYPE_SIZE)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _quantize_impl_kernel(rows, qw, rows_per_qw, out):
     """``quantize_row_q5_0_impl``: weights ``qw * sqrt(sigma2 + x*x)``, ``make_qx_quants``."""
     nrows, n_per_row = rows.shape

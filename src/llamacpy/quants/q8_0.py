@@ -38,7 +38,7 @@ assert BLOCK.itemsize == TYPE_SIZE
 _127 = F32(127.0)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _dequantize_kernel(raw, n):
     y = np.empty(n, dtype=np.float32)
     q = raw.view(np.int8)
@@ -61,7 +61,7 @@ def dequantize_numpy(raw, n: int) -> np.ndarray:
     return (b["qs"].astype(np.float32) * fp16_to_fp32_np(b["d"])[:, None]).reshape(-1)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def quantize_block(x, out, o):
     """``quantize_row_q8_0_ref`` for one block; returns (d, sum of the quants)."""
     amax = F0
@@ -79,7 +79,7 @@ def quantize_block(x, out, o):
     return d, total
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _quantize_ref_kernel(x, out):
     for i in prange(x.size // QK):
         quantize_block(x[i * QK : (i + 1) * QK], out, i * TYPE_SIZE)
