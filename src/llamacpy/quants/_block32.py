@@ -1,4 +1,4 @@
-"""Whole-block SIMD steps of the 32-value legacy formats (Q4_0, Q4_1, Q5_0, Q5_1), numba.
+"""Whole-block SIMD steps of the 32-value legacy formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), numba.
 
 A block is two 16-lane vectors (:data:`llamacpy.ops.simd.f32x16`): elements ``0..15`` and
 ``16..31``, which is also how the formats pair nibbles (byte ``j`` holds ``j`` and ``j+16``).

@@ -13,6 +13,8 @@ import numpy as np
 from numba import njit, prange
 
 from llamacpy.gguf.constants import GGML_BLOCK_SIZES, GGMLType
+from llamacpy.ops.simd import vand_k, vcvt, vload_u8, vsplat_f32, vsrl, vstore_f32
+from llamacpy.quants._block32 import load_f16h
 from llamacpy.quants._helpers import (
     F0,
     F32,
@@ -50,16 +52,16 @@ def _dequantize_kernel(raw, n):
     y = np.empty(n, dtype=np.float32)
     for i in prange(n // QK):
         o = i * TYPE_SIZE
-        d = load_f16(raw, o)
-        dmin = load_f16(raw, o + 2)
+        d = load_f16h(raw, o)
+        dmin = load_f16h(raw, o + 2)
         for g in range(8):
             sc, m = get_scale_min_k4(g, raw, o + _O_SC)
-            dl = d * F32(sc)
-            ml = dmin * F32(m)
+            dl = vsplat_f32(d * F32(sc))
+            ml = vsplat_f32(dmin * F32(m))
             shift = 4 * (g % 2)
-            for k in range(32):
-                q = (np.int64(raw[o + _O_QS + 32 * (g // 2) + k]) >> shift) & 0xF
-                y[i * QK + 32 * g + k] = dl * F32(q) - ml
+            for h in range(2):
+                q = vand_k(vsrl(vload_u8(raw, o + _O_QS + 32 * (g // 2) + 16 * h), shift), 0xF)
+                vstore_f32(y, i * QK + 32 * g + 16 * h, dl * vcvt(q) - ml)
     return y
 
 
