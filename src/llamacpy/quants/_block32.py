@@ -30,7 +30,7 @@ from llamacpy.ops.simd import (
     vload_f32,
     vsplat_f32,
 )
-from llamacpy.quants._helpers import F0, F32
+from llamacpy.quants._helpers import F0, F1, F32
 from llamacpy.quants._lanes import vblend, vgt, vlt
 
 _I32 = ir.IntType(32)
@@ -216,3 +216,28 @@ def block_absmax(x, o):
         return F0, v0, v1
     m = veq_bits(a0, amax) | (veq_bits(a1, amax) << 16)
     return x[o + trailing_zeros(np.uint64(m))], v0, v1
+
+
+@njit(cache=True, error_model="numpy")
+def absmax_scaled(x, o, out, o_d, div):
+    """Start of ggml's symmetric blocks: ``d = max / div`` stored as f16 at ``out[o_d:]``;
+    returns the two halves times ``1/d`` (``0`` where ``d == 0``)."""
+    mx, v0, v1 = block_absmax(x, o)
+    d = mx / div
+    inv = vsplat_f32(F1 / d if d != F0 else F0)
+    store_f16h(out, o_d, d)
+    return v0 * inv, v1 * inv
+
+
+@njit(cache=True, error_model="numpy")
+def minmax_scaled(x, o, out, o_d, div):
+    """Start of ggml's blocks with a min: ``d = (max - min) / div`` and ``min`` stored as f16
+    at ``out[o_d:]``; returns the two halves as ``(v - min) * (1/d)`` (``0`` where ``d == 0``)."""
+    mn, mx, v0, v1 = block_minmax(x, o)
+    d = (mx - mn) / div
+    inv = F1 / d if d != F0 else F0
+    store_f16h(out, o_d, d)
+    store_f16h(out, o_d + 2, mn)
+    vmn = vsplat_f32(mn)
+    vinv = vsplat_f32(inv)
+    return (v0 - vmn) * vinv, (v1 - vmn) * vinv

@@ -11,9 +11,8 @@ from numba import njit, prange
 from llamacpy.gguf.constants import GGML_BLOCK_SIZES, GGMLType
 from llamacpy.ops.simd import vand_k, vcvt, vload_u8, vsll, vsplat_f32, vsrl, vstore_f32
 from llamacpy.quants._block32 import (
-    block_minmax,
     load_f16h,
-    store_f16h,
+    minmax_scaled,
     vcvtt,
     vint8_min,
     vstore_u8,
@@ -83,15 +82,9 @@ def _quantize_ref_kernel(x, out):
     half = vsplat_f32(_HALF)
     for i in prange(x.size // QK):
         o = i * TYPE_SIZE
-        mn, mx, v0, v1 = block_minmax(x, i * QK)
-        d = (mx - mn) / _15
-        inv = F1 / d if d != F0 else F0
-        store_f16h(out, o, d)
-        store_f16h(out, o + 2, mn)
-        vmn = vsplat_f32(mn)
-        vinv = vsplat_f32(inv)
-        q0 = vint8_min(vcvtt((v0 - vmn) * vinv + half), 15)
-        q1 = vint8_min(vcvtt((v1 - vmn) * vinv + half), 15)
+        s0, s1 = minmax_scaled(x, i * QK, out, o, _15)
+        q0 = vint8_min(vcvtt(s0 + half), 15)
+        q1 = vint8_min(vcvtt(s1 + half), 15)
         vstore_u8(out, o + 4, q0 | vsll(q1, 4))
 
 

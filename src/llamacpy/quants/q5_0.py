@@ -22,9 +22,8 @@ from llamacpy.ops.simd import (
     vstore_f32,
 )
 from llamacpy.quants._block32 import (
-    block_absmax,
+    absmax_scaled,
     load_f16h,
-    store_f16h,
     vcvtt,
     vint8_min,
     vnz_bits,
@@ -142,12 +141,9 @@ def _quantize_ref_kernel(x, out):
     bias = vsplat_f32(_16_5)
     for i in prange(x.size // QK):
         o = i * TYPE_SIZE
-        mx, v0, v1 = block_absmax(x, i * QK)
-        d = mx / _NEG16
-        inv = vsplat_f32(F1 / d if d != F0 else F0)
-        store_f16h(out, o, d)
-        q0 = vint8_min(vcvtt(v0 * inv + bias), 31)
-        q1 = vint8_min(vcvtt(v1 * inv + bias), 31)
+        s0, s1 = absmax_scaled(x, i * QK, out, o, _NEG16)
+        q0 = vint8_min(vcvtt(s0 + bias), 31)
+        q1 = vint8_min(vcvtt(s1 + bias), 31)
         store_5bit(q0, q1, out, o + 2, o + 6)
 
 

@@ -10,7 +10,7 @@ from numba import njit, prange
 
 from llamacpy.gguf.constants import GGML_BLOCK_SIZES, GGMLType
 from llamacpy.ops.simd import vand_k, vcvt, vload_u8, vsplat_f32, vsrl, vstore_f32
-from llamacpy.quants._block32 import block_minmax, load_f16h, store_f16h, vcvtt, vqh_bits
+from llamacpy.quants._block32 import load_f16h, minmax_scaled, vcvtt, vqh_bits
 from llamacpy.quants._helpers import (
     F0,
     F1,
@@ -80,15 +80,9 @@ def _quantize_ref_kernel(x, out):
     half = vsplat_f32(_HALF)
     for i in prange(x.size // QK):
         o = i * TYPE_SIZE
-        mn, mx, v0, v1 = block_minmax(x, i * QK)
-        d = (mx - mn) / _31
-        inv = F1 / d if d != F0 else F0
-        store_f16h(out, o, d)
-        store_f16h(out, o + 2, mn)
-        vmn = vsplat_f32(mn)
-        vinv = vsplat_f32(inv)
-        q0 = vcvtt((v0 - vmn) * vinv + half)
-        q1 = vcvtt((v1 - vmn) * vinv + half)
+        s0, s1 = minmax_scaled(x, i * QK, out, o, _31)
+        q0 = vcvtt(s0 + half)
+        q1 = vcvtt(s1 + half)
         store_5bit(q0, q1, out, o + 4, o + 8)
 
 
