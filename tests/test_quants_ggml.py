@@ -75,6 +75,11 @@ def datasets() -> dict[str, np.ndarray]:
     d["sparse"] = np.where(rng.random((8, 512)) < 0.95, 0, g).astype(np.float32)
     d["const"] = np.full((2, 512), -1.25, np.float32)
     d["denormal_only"] = (g * np.float32(1e-41)).astype(np.float32)
+    # inf / NaN / huge entries: C divides into inf/NaN where numba's default raised
+    f = g.copy()
+    f[0, 3], f[1, 40], f[2, 7], f[3, 100] = np.inf, -np.inf, np.nan, 1e30
+    f[4], f[5, ::2], f[6, 300:330], f[7] = 1e30, np.nan, 3e38, -np.inf
+    d["non_finite"] = f
     return d
 
 

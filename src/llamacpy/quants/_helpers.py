@@ -71,14 +71,14 @@ def bits_f32(typingctx, x):
 # ----------------------------------------------------------------------------- numba scalars
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def nearest_int(fval):
     """ggml's ``nearest_int``: round half to even via the 1.5*2**23 trick (float32 in)."""
     i = np.int64(f32_bits(fval + _MAGIC))
     return (i & 0x007FFFFF) - 0x00400000
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def f2i(x):
     """C's float -> int conversion as x86-64 compiles it (``cvttss2si``): truncation toward
     zero, and INT_MIN for NaN and values outside the int32 range."""
@@ -87,7 +87,7 @@ def f2i(x):
     return np.int64(x)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def roundf(x):
     """C ``roundf`` of a float32 (half away from zero), as float32."""
     a = abs(x)
@@ -99,13 +99,13 @@ def roundf(x):
     return -r if x < F0 else r
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def int8(v):
     """The value a C store of int ``v`` into an ``int8_t`` leaves (low byte, signed)."""
     return ((v + 128) & 0xFF) - 128
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def fp32_to_fp16(f):
     """float32 -> IEEE half bits (int), exactly as ``ggml_compute_fp32_to_fp16``."""
     base = (abs(f) * _SCALE_TO_INF) * _SCALE_TO_ZERO
@@ -121,7 +121,7 @@ def fp32_to_fp16(f):
     return (sign >> 16) | (0x7E00 if shl1_w > 0xFF000000 else nonsign)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def fp16_to_fp32(h):
     """IEEE half bits (int) -> float32, exactly as ``ggml_compute_fp16_to_fp32``."""
     w = np.int64(h) << 16
@@ -134,13 +134,13 @@ def fp16_to_fp32(h):
     return bits_f32(sign | np.int64(f32_bits(v)))
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def load_f16(raw, o):
     """The little-endian half at byte ``o`` of ``raw`` as float32."""
     return fp16_to_fp32(np.int64(raw[o]) | (np.int64(raw[o + 1]) << 8))
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def store_f16(out, o, f):
     """Store float32 ``f`` as a little-endian half at byte ``o`` of ``out``; returns the bits."""
     h = fp32_to_fp16(f)
@@ -149,7 +149,7 @@ def store_f16(out, o, f):
     return h
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def fp32_to_bf16(f):
     """float32 -> bfloat16 bits (int), exactly as ``ggml_compute_fp32_to_bf16``."""
     u = np.int64(f32_bits(f))

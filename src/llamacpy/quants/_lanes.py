@@ -137,7 +137,7 @@ def vnearest(typingctx, v, lo, hi):
 # ----------------------------------------------------------------------------- searches
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def make_qkx_quants_x16(n, nmax, xt, wt, Lt, Lauxt, rmin, rdelta, nstep, use_mad, res):
     """:func:`~llamacpy.quants._search.make_qkx_quants` on 16 groups of ``n``: quants to
     ``Lt`` (int32, transposed), scales to ``res[0:16]`` and ``-min`` to ``res[16:32]``
@@ -216,7 +216,7 @@ def make_qkx_quants_x16(n, nmax, xt, wt, Lt, Lauxt, rmin, rdelta, nstep, use_mad
     vstore_f32(res, LANES, vneg(mn))
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _qx_pass(n, nmax, iscale, xt, wt, Lt):
     """One candidate scale of :func:`make_qx_quants_x16`: quants ``l`` to ``Lt`` and the
     sums ``(sum w*x*l, sum w*l*l)``."""
@@ -233,7 +233,7 @@ def _qx_pass(n, nmax, iscale, xt, wt, Lt):
     return sumlx, suml2
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def make_qx_quants_x16(n, nmax, xt, wt, Lt, Lauxt, res):
     """:func:`~llamacpy.quants._search.make_qx_quants` on 16 groups of ``n``: quants
     ``l + nmax`` to ``Lt`` (int32, transposed) and the scales to ``res[0:16]``."""
@@ -270,7 +270,7 @@ def make_qx_quants_x16(n, nmax, xt, wt, Lt, Lauxt, res):
     vstore_f32(res, 0, vblend(tiny, zero, scale))
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def make_qkx_quants_groups(ng, n, nmax, x, w, L, rmin, rdelta, nstep, use_mad, scales, mins):
     """:func:`make_qkx_quants_x16` on the ``ng`` (at most 16) consecutive groups of ``n``
     values of ``x`` (weights ``w``): quants to ``L`` (same layout as ``x``), and group

@@ -19,7 +19,7 @@ from llamacpy.quants._helpers import F0, F1, F32, GROUP_MAX_EPS, nearest_int
 _TENTH = F32(0.1)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def make_qx_quants(n, nmax, x, L, w):
     """Symmetric quants ``L[i] in [0, 2*nmax)`` (offset by nmax) and the float scale.
 
@@ -66,7 +66,7 @@ def make_qx_quants(n, nmax, x, L, w):
     return scale
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def make_q3_quants(n, nmax, x, L):
     """ggml's ``make_q3_quants`` with ``do_rmse = true`` (weights ``x*x``)."""
     mx = F0
@@ -114,7 +114,7 @@ def make_q3_quants(n, nmax, x, L):
     return sumlx / suml2 if suml2 > F0 else F0
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def make_qkx_quants(n, nmax, x, w, L, Laux, rmin, rdelta, nstep, use_mad):
     """Asymmetric quants ``L[i] in [0, nmax]``; returns ``(scale, the_min)`` with
     ``x ~= scale*L - the_min``.
@@ -183,7 +183,7 @@ def make_qkx_quants(n, nmax, x, w, L, Laux, rmin, rdelta, nstep, use_mad):
     return scale, -mn
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def make_qp_quants(n, nmax, x, L, qw):
     """ggml's ``make_qp_quants``: quantize non-negative ``x`` (sub-block scales) to
     ``[0, nmax]`` with weights ``qw``; returns the scale."""
@@ -244,7 +244,7 @@ def make_qp_quants(n, nmax, x, L, qw):
     return sumlx / suml2 if suml2 > F0 else F0
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def best_index_int8(values, x):
     """Index of the entry of the sorted table ``values`` nearest to float32 ``x``.
 
@@ -264,7 +264,7 @@ def best_index_int8(values, x):
     return mu - 1 if x - values[mu - 1] < values[mu] - x else mu
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def get_scale_min_k4(j, q, o):
     """6-bit scale and min of sub-block ``j`` from the 12 packed bytes at ``q[o:]``."""
     if j < 4:
@@ -274,7 +274,7 @@ def get_scale_min_k4(j, q, o):
     return d, m
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def put_scale_min_k4(j, q, o, ls, lm):
     """Pack 6-bit scale ``ls`` and min ``lm`` of sub-block ``j`` (call for j = 0..7 in order,
     with ``q[o:o+12]`` zeroed first)."""

@@ -58,7 +58,7 @@ def quantize_f32(x, imatrix=None) -> np.ndarray:
 # ----------------------------------------------------------------------------- F16
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _f16_dequantize_kernel(raw, n):
     h = raw.view(np.uint16)
     y = np.empty(n, dtype=np.float32)
@@ -67,7 +67,7 @@ def _f16_dequantize_kernel(raw, n):
     return y
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _f16_quantize_kernel(x):
     out = np.empty(x.size, dtype=np.uint16)
     for i in prange(x.size):
@@ -98,7 +98,7 @@ def quantize_f16_numpy(x, imatrix=None) -> np.ndarray:
 # ----------------------------------------------------------------------------- BF16
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _bf16_dequantize_kernel(raw, n):
     h = raw.view(np.uint16)
     y = np.empty(n, dtype=np.float32)
@@ -107,7 +107,7 @@ def _bf16_dequantize_kernel(raw, n):
     return y
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _bf16_quantize_kernel(x):
     out = np.empty(x.size, dtype=np.uint16)
     for i in prange(x.size):

@@ -45,7 +45,7 @@ KVALUES_F32 = KVALUES.astype(np.float32)
 NTRY = 7
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _dequantize_kernel(raw, n):
     y = np.empty(n, dtype=np.float32)
     for i in prange(n // QK):
@@ -73,7 +73,7 @@ def dequantize_numpy(raw, n: int) -> np.ndarray:
 # ----------------------------------------------------------------------------- shared search
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def block_scale(xb, w, L, ntry):
     """One 32-element block of ``quantize_row_iq4_nl_impl``: fills ``L`` (unless the block is
     all zero) and returns the float scale."""
@@ -111,7 +111,7 @@ def block_scale(xb, w, L, ntry):
     return d
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def block_weights(x, qw, use_qw, w):
     """Weights of one super-block: ``qw * sqrt(sigma2 + x*x)`` or ``x*x``."""
     sigma2 = F0
@@ -122,14 +122,14 @@ def block_weights(x, qw, use_qw, w):
         w[j] = qw[j] * np.sqrt(sigma2 + x[j] * x[j]) if use_qw else x[j] * x[j]
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def pack_nibbles(L, out, o, nb):
     for i in range(nb):
         for j in range(16):
             out[o + 16 * i + j] = L[32 * i + j] | (L[32 * i + 16 + j] << 4)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _block(x, qw, use_qw, out, o, ntry, L):
     w = np.empty(QK, dtype=np.float32)
     block_weights(x, qw, use_qw, w)
@@ -142,14 +142,14 @@ def _block(x, qw, use_qw, out, o, ntry, L):
     pack_nibbles(L, out, o + 2, 1)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _quantize_ref_kernel(x, out):
     for i in prange(x.size // QK):
         L = np.zeros(QK, dtype=np.uint8)
         _block(x[i * QK : (i + 1) * QK], x[:0], False, out, i * TYPE_SIZE, NTRY, L)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _quantize_impl_kernel(rows, qw, rows_per_qw, out):
     nrows, n_per_row = rows.shape
     for r in prange(nrows):
@@ -160,7 +160,7 @@ def _quantize_impl_kernel(rows, qw, rows_per_qw, out):
             _block(rows[r, s], w[s], True, out[r], i * TYPE_SIZE, NTRY, L)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _quantize_row_ref_kernel(x, out):
     L = np.zeros(QK, dtype=np.uint8)  # kept across blocks, as in ggml
     for i in range(x.size // QK):

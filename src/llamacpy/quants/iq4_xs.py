@@ -52,7 +52,7 @@ _O_SH, _O_SL, _O_QS = 2, 4, 8
 _32 = F32(32.0)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _dequantize_kernel(raw, n):
     y = np.empty(n, dtype=np.float32)
     for i in prange(n // QK):
@@ -91,7 +91,7 @@ def dequantize_numpy(raw, n: int) -> np.ndarray:
 # ----------------------------------------------------------------------------- quantize
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _block(x, qw, use_qw, out, o):
     """``quantize_row_iq4_nl_impl`` with super_block_size 256 (ntry 7)."""
     w = np.empty(QK, dtype=np.float32)
@@ -127,13 +127,13 @@ def _block(x, qw, use_qw, out, o):
     pack_nibbles(L, out, o + _O_QS, 8)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _quantize_ref_kernel(x, out):
     for i in prange(x.size // QK):
         _block(x[i * QK : (i + 1) * QK], x[:0], False, out, i * TYPE_SIZE)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _quantize_impl_kernel(rows, qw, rows_per_qw, out):
     nrows, n_per_row = rows.shape
     for r in prange(nrows):

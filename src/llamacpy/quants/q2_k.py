@@ -41,7 +41,7 @@ _O_QS, _O_D = 16, 80
 _15 = F32(15.0)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _dequantize_kernel(raw, n):
     y = np.empty(n, dtype=np.float32)
     for i in prange(n // QK):
@@ -90,7 +90,7 @@ def dequantize_numpy(raw, n: int) -> np.ndarray:
 # ----------------------------------------------------------------------------- quantize
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def pack_2bit(L, out, o):
     """Store 256 two-bit values ``L`` at ``out[o:o+64]`` (Q2_K/Q3_K ``qs`` layout)."""
     for j in range(0, QK, 128):
@@ -100,7 +100,7 @@ def pack_2bit(L, out, o):
             )
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _finish(x, L, out, o):
     """Requantize with the stored (rounded) scales and pack, as both ggml paths end."""
     d_all = load_f16(out, o + _O_D)
@@ -115,7 +115,7 @@ def _finish(x, L, out, o):
     pack_2bit(L, out, o + _O_QS)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _ref_block(x, out, o):
     """``quantize_row_q2_K_ref`` for one super-block."""
     L = np.empty(QK, dtype=np.uint8)
@@ -151,13 +151,13 @@ def _ref_block(x, out, o):
     _finish(x, L, out, o)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _quantize_ref_kernel(x, out):
     for i in prange(x.size // QK):
         _ref_block(x[i * QK : (i + 1) * QK], out, i * TYPE_SIZE)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _impl_block(x, qw, out, o):
     """``quantize_row_q2_K_impl`` for one super-block."""
     L = np.empty(QK, dtype=np.uint8)
@@ -186,7 +186,7 @@ def _impl_block(x, qw, out, o):
     _finish(x, L, out, o)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _quantize_impl_kernel(rows, qw, rows_per_qw, out):
     nrows, n_per_row = rows.shape
     for r in prange(nrows):

@@ -42,7 +42,7 @@ _O_QS, _O_SC, _O_D = 32, 96, 108
 _NEG32 = F32(-32.0)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def get_scale(q, o, j):
     """Six-bit scale ``j`` (0..15, not yet offset by -32) from the 12 bytes at ``q[o:]``."""
     low = (q[o + j] & 0xF) if j < 8 else (q[o + j - 8] >> 4)
@@ -66,7 +66,7 @@ def put_scales_np(ls: np.ndarray) -> np.ndarray:
     return out.astype(np.uint8)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _dequantize_kernel(raw, n):
     y = np.empty(n, dtype=np.float32)
     for i in prange(n // QK):
@@ -103,7 +103,7 @@ def dequantize_numpy(raw, n: int) -> np.ndarray:
 # ----------------------------------------------------------------------------- quantize
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _finish(x, L, out, o):
     """Requantize with the stored scales, then write ``hmask`` and ``qs``."""
     d_all = load_f16(out, o + _O_D)
@@ -122,7 +122,7 @@ def _finish(x, L, out, o):
     pack_2bit(L, out, o + _O_QS)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _put_scale(out, o, j, l):
     if j < 8:
         out[o + j] = l & 0xF
@@ -131,7 +131,7 @@ def _put_scale(out, o, j, l):
     out[o + 8 + j % 4] |= (l >> 4) << (2 * (j // 4))
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _ref_block(x, out, o):
     """``quantize_row_q3_K_ref`` for one super-block."""
     L = np.empty(QK, dtype=np.int8)
@@ -156,13 +156,13 @@ def _ref_block(x, out, o):
     _finish(x, L, out, o)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _quantize_ref_kernel(x, out):
     for i in prange(x.size // QK):
         _ref_block(x[i * QK : (i + 1) * QK], out, i * TYPE_SIZE)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _impl_block(x, qw, out, o):
     """``quantize_row_q3_K_impl`` for one super-block."""
     L = np.empty(QK, dtype=np.int8)
@@ -192,7 +192,7 @@ def _impl_block(x, qw, out, o):
     _finish(x, L, out, o)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _quantize_impl_kernel(rows, qw, rows_per_qw, out):
     nrows, n_per_row = rows.shape
     for r in prange(nrows):

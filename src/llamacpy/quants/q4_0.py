@@ -9,18 +9,32 @@ import numpy as np
 from numba import njit, prange
 
 from llamacpy.gguf.constants import GGML_BLOCK_SIZES, GGMLType
+from llamacpy.ops.simd import (
+    vand_k,
+    vcvt,
+    vload_u8,
+    vsll,
+    vsplat_f32,
+    vsplat_i32,
+    vsrl,
+    vstore_f32,
+)
+from llamacpy.quants._block32 import (
+    absmax_scaled,
+    load_f16h,
+    vcvtt,
+    vint8_min,
+    vstore_u8,
+)
 from llamacpy.quants._helpers import (
     F0,
     F1,
     F32,
     blocks_np,
-    f2i,
     f2i_np,
     fp16_to_fp32_np,
     fp32_to_fp16_np,
-    int8,
     int8_np,
-    load_f16,
     run_dequantize,
     run_quantize,
     run_quantize_np,
@@ -39,16 +53,16 @@ _NEG8 = F32(-8.0)
 _8_5 = F32(8.5)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _dequantize_kernel(raw, n):
     y = np.empty(n, dtype=np.float32)
+    eight = vsplat_i32(8)
     for i in prange(n // QK):
         o = i * TYPE_SIZE
-        d = load_f16(raw, o)
-        for j in range(QK // 2):
-            q = np.int64(raw[o + 2 + j])
-            y[i * QK + j] = F32((q & 0xF) - 8) * d
-            y[i * QK + j + QK // 2] = F32((q >> 4) - 8) * d
+        d = vsplat_f32(load_f16h(raw, o))
+        q = vload_u8(raw, o + 2)
+        vstore_f32(y, i * QK, vcvt(vand_k(q, 0xF) - eight) * d)
+        vstore_f32(y, i * QK + QK // 2, vcvt(vsrl(q, 4) - eight) * d)
     return y
 
 
@@ -67,31 +81,19 @@ def dequantize_numpy(raw, n: int) -> np.ndarray:
 # ----------------------------------------------------------------------------- quantize
 
 
-@njit(cache=True)
-def _ref_block(x, out, o):
-    """``quantize_row_q4_0_ref`` for one block."""
-    amax = F0
-    mx = F0
-    for j in range(QK):
-        if amax < abs(x[j]):
-            amax = abs(x[j])
-            mx = x[j]
-    d = mx / _NEG8
-    inv = F1 / d if d != F0 else F0
-    store_f16(out, o, d)
-    for j in range(QK // 2):
-        q0 = min(15, int8(f2i(x[j] * inv + _8_5)))
-        q1 = min(15, int8(f2i(x[j + QK // 2] * inv + _8_5)))
-        out[o + 2 + j] = q0 | (q1 << 4)
-
-
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _quantize_ref_kernel(x, out):
+    """``quantize_row_q4_0_ref``, one block (two 16-lane halves) per step."""
+    bias = vsplat_f32(_8_5)
     for i in prange(x.size // QK):
-        _ref_block(x[i * QK : (i + 1) * QK], out, i * TYPE_SIZE)
+        o = i * TYPE_SIZE
+        s0, s1 = absmax_scaled(x, i * QK, out, o, _NEG8)
+        q0 = vint8_min(vcvtt(s0 + bias), 15)
+        q1 = vint8_min(vcvtt(s1 + bias), 15)
+        vstore_u8(out, o + 2, q0 | vsll(q1, 4))
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _quantize_impl_kernel(rows, qw, rows_per_qw, out):
     """``quantize_row_q4_0_impl``: weights ``qw * sqrt(sigma2 + x*x)``, ``make_qx_quants``."""
     nrows, n_per_row = rows.shape

@@ -9,18 +9,23 @@ import numpy as np
 from numba import njit, prange
 
 from llamacpy.gguf.constants import GGML_BLOCK_SIZES, GGMLType
+from llamacpy.ops.simd import vand_k, vcvt, vload_u8, vsll, vsplat_f32, vsrl, vstore_f32
+from llamacpy.quants._block32 import (
+    load_f16h,
+    minmax_scaled,
+    vcvtt,
+    vint8_min,
+    vstore_u8,
+)
 from llamacpy.quants._helpers import (
     F0,
     F1,
     F32,
     blocks_np,
-    f2i,
     f2i_np,
     fp16_to_fp32_np,
     fp32_to_fp16_np,
-    int8,
     int8_np,
-    load_f16,
     run_dequantize,
     run_quantize,
     run_quantize_np,
@@ -42,17 +47,16 @@ _RMIN = F32(-0.9)
 _RDELTA = F32(0.05)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _dequantize_kernel(raw, n):
     y = np.empty(n, dtype=np.float32)
     for i in prange(n // QK):
         o = i * TYPE_SIZE
-        d = load_f16(raw, o)
-        m = load_f16(raw, o + 2)
-        for j in range(QK // 2):
-            q = np.int64(raw[o + 4 + j])
-            y[i * QK + j] = F32(q & 0xF) * d + m
-            y[i * QK + j + QK // 2] = F32(q >> 4) * d + m
+        d = vsplat_f32(load_f16h(raw, o))
+        m = vsplat_f32(load_f16h(raw, o + 2))
+        q = vload_u8(raw, o + 4)
+        vstore_f32(y, i * QK, vcvt(vand_k(q, 0xF)) * d + m)
+        vstore_f32(y, i * QK + QK // 2, vcvt(vsrl(q, 4)) * d + m)
     return y
 
 
@@ -72,33 +76,19 @@ def dequantize_numpy(raw, n: int) -> np.ndarray:
 # ----------------------------------------------------------------------------- quantize
 
 
-@njit(cache=True)
-def _ref_block(x, out, o):
-    """``quantize_row_q4_1_ref`` for one block."""
-    mn = _FLT_MAX
-    mx = -_FLT_MAX
-    for j in range(QK):
-        if x[j] < mn:
-            mn = x[j]
-        if x[j] > mx:
-            mx = x[j]
-    d = (mx - mn) / _15
-    inv = F1 / d if d != F0 else F0
-    store_f16(out, o, d)
-    store_f16(out, o + 2, mn)
-    for j in range(QK // 2):
-        q0 = min(15, int8(f2i((x[j] - mn) * inv + _HALF)))
-        q1 = min(15, int8(f2i((x[j + QK // 2] - mn) * inv + _HALF)))
-        out[o + 4 + j] = q0 | (q1 << 4)
-
-
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _quantize_ref_kernel(x, out):
+    """``quantize_row_q4_1_ref``, one block (two 16-lane halves) per step."""
+    half = vsplat_f32(_HALF)
     for i in prange(x.size // QK):
-        _ref_block(x[i * QK : (i + 1) * QK], out, i * TYPE_SIZE)
+        o = i * TYPE_SIZE
+        s0, s1 = minmax_scaled(x, i * QK, out, o, _15)
+        q0 = vint8_min(vcvtt(s0 + half), 15)
+        q1 = vint8_min(vcvtt(s1 + half), 15)
+        vstore_u8(out, o + 4, q0 | vsll(q1, 4))
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _quantize_impl_kernel(rows, qw, rows_per_qw, out):
     """``quantize_row_q4_1_impl``: weights ``qw * sqrt(sigma2 + x*x)``, ``make_qkx3_quants``."""
     nrows, n_per_row = rows.shape

@@ -13,6 +13,8 @@ import numpy as np
 from numba import njit, prange
 
 from llamacpy.gguf.constants import GGML_BLOCK_SIZES, GGMLType
+from llamacpy.ops.simd import vand_k, vcvt, vload_u8, vsplat_f32, vsrl, vstore_f32
+from llamacpy.quants._block32 import load_f16h
 from llamacpy.quants._helpers import (
     F0,
     F32,
@@ -45,21 +47,21 @@ _O_SC, _O_QS = 4, 16
 _63 = F32(63.0)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _dequantize_kernel(raw, n):
     y = np.empty(n, dtype=np.float32)
     for i in prange(n // QK):
         o = i * TYPE_SIZE
-        d = load_f16(raw, o)
-        dmin = load_f16(raw, o + 2)
+        d = load_f16h(raw, o)
+        dmin = load_f16h(raw, o + 2)
         for g in range(8):
             sc, m = get_scale_min_k4(g, raw, o + _O_SC)
-            dl = d * F32(sc)
-            ml = dmin * F32(m)
+            dl = vsplat_f32(d * F32(sc))
+            ml = vsplat_f32(dmin * F32(m))
             shift = 4 * (g % 2)
-            for k in range(32):
-                q = (np.int64(raw[o + _O_QS + 32 * (g // 2) + k]) >> shift) & 0xF
-                y[i * QK + 32 * g + k] = dl * F32(q) - ml
+            for h in range(2):
+                q = vand_k(vsrl(vload_u8(raw, o + _O_QS + 32 * (g // 2) + 16 * h), shift), 0xF)
+                vstore_f32(y, i * QK + 32 * g + 16 * h, dl * vcvt(q) - ml)
     return y
 
 
@@ -99,7 +101,7 @@ def dequantize_numpy(raw, n: int) -> np.ndarray:
 # ----------------------------------------------------------------------------- shared with Q5_K
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def scales_ref(x, i0, nb, L, out, type_size, nmax, rmin, rdelta, nstep):
     """The ``_ref`` scale search of Q4_K/Q5_K for the ``nb`` (1 or 2) super-blocks from
     block ``i0`` of ``x``, their 16 sub-blocks searched together: fills ``L`` (``nb * 256``
@@ -137,7 +139,7 @@ def scales_ref(x, i0, nb, L, out, type_size, nmax, rmin, rdelta, nstep):
         store_f16(out, o + 2, max_min / _63)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def scales_impl(x, qw, L, out, o, nmax):
     """The ``_impl`` (importance-weighted) scale search of Q4_K/Q5_K."""
     weights = np.empty(QK, dtype=np.float32)
@@ -167,7 +169,7 @@ def scales_impl(x, qw, L, out, o, nmax):
     store_f16(out, o + 2, m_block)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def requantize(x, L, out, o, nmax):
     """Requantize ``L`` with the stored (fp16-rounded) scales and mins."""
     d_all = load_f16(out, o)
@@ -231,14 +233,14 @@ def requantize_np(x, L, packed, d, dmin, nmax):
 # ----------------------------------------------------------------------------- quantize
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _pack(L, out, o):
     for c in range(4):
         for k in range(32):
             out[o + _O_QS + 32 * c + k] = L[64 * c + k] | (L[64 * c + 32 + k] << 4)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _quantize_ref_kernel(x, out):
     nblk = x.size // QK
     for p in prange((nblk + 1) // 2):
@@ -252,7 +254,7 @@ def _quantize_ref_kernel(x, out):
             _pack(Lb, out, i * TYPE_SIZE)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _quantize_impl_kernel(rows, qw, rows_per_qw, out):
     nrows, n_per_row = rows.shape
     for r in prange(nrows):

@@ -10,18 +10,35 @@ import numpy as np
 from numba import njit, prange
 
 from llamacpy.gguf.constants import GGML_BLOCK_SIZES, GGMLType
+from llamacpy.ops.simd import (
+    store_u32,
+    vand_k,
+    vcvt,
+    vload_u8,
+    vsll,
+    vsplat_f32,
+    vsplat_i32,
+    vsrl,
+    vstore_f32,
+)
+from llamacpy.quants._block32 import (
+    absmax_scaled,
+    load_f16h,
+    vcvtt,
+    vint8_min,
+    vnz_bits,
+    vqh_bits,
+    vstore_u8,
+)
 from llamacpy.quants._helpers import (
     F0,
     F1,
     F32,
     blocks_np,
-    f2i,
     f2i_np,
     fp16_to_fp32_np,
     fp32_to_fp16_np,
-    int8,
     int8_np,
-    load_f16,
     run_dequantize,
     run_quantize,
     run_quantize_np,
@@ -40,7 +57,7 @@ _NEG16 = F32(-16.0)
 _16_5 = F32(16.5)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def load_qh(raw, o):
     """The little-endian uint32 at byte ``o``."""
     return (
@@ -51,7 +68,7 @@ def load_qh(raw, o):
     )
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def pack_5bit(L, out, o_qh, o_qs):
     """Store 32 five-bit values ``L``: low nibbles at ``out[o_qs:]``, fifth bits in ``qh``."""
     qh = 0
@@ -79,19 +96,19 @@ def pack_5bit_np(L: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return qh.astype(np.uint32), qs.astype(np.uint8)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _dequantize_kernel(raw, n):
     y = np.empty(n, dtype=np.float32)
+    sixteen = vsplat_i32(16)
     for i in prange(n // QK):
         o = i * TYPE_SIZE
-        d = load_f16(raw, o)
+        d = vsplat_f32(load_f16h(raw, o))
         qh = load_qh(raw, o + 2)
-        for j in range(QK // 2):
-            q = np.int64(raw[o + 6 + j])
-            q0 = ((q & 0x0F) | (((qh >> j) << 4) & 0x10)) - 16
-            q1 = ((q >> 4) | ((qh >> (j + 12)) & 0x10)) - 16
-            y[i * QK + j] = F32(q0) * d
-            y[i * QK + j + QK // 2] = F32(q1) * d
+        q = vload_u8(raw, o + 6)
+        q0 = (vand_k(q, 0xF) | vqh_bits(qh, 0)) - sixteen
+        q1 = (vsrl(q, 4) | vqh_bits(qh, QK // 2)) - sixteen
+        vstore_f32(y, i * QK, vcvt(q0) * d)
+        vstore_f32(y, i * QK + QK // 2, vcvt(q1) * d)
     return y
 
 
@@ -110,31 +127,27 @@ def dequantize_numpy(raw, n: int) -> np.ndarray:
 # ----------------------------------------------------------------------------- quantize
 
 
-@njit(cache=True)
-def _ref_block(x, out, o):
-    """``quantize_row_q5_0_ref`` for one block."""
-    amax = F0
-    mx = F0
-    for j in range(QK):
-        if amax < abs(x[j]):
-            amax = abs(x[j])
-            mx = x[j]
-    d = mx / _NEG16
-    inv = F1 / d if d != F0 else F0
-    store_f16(out, o, d)
-    L = np.empty(QK, dtype=np.int64)
-    for j in range(QK):
-        L[j] = min(31, int8(f2i(x[j] * inv + _16_5)))
-    pack_5bit(L, out, o + 2, o + 6)
+@njit(cache=True, error_model="numpy")
+def store_5bit(q0, q1, out, o_qh, o_qs):
+    """Store 5-bit quants given as two ``i32x16`` halves (only the low 5 bits are used):
+    low nibbles at ``out[o_qs:]``, fifth bits in the little-endian ``qh`` at ``o_qh``."""
+    vstore_u8(out, o_qs, vand_k(q0, 0xF) | vsll(vand_k(q1, 0xF), 4))
+    store_u32(out, o_qh, vnz_bits(vand_k(q0, 0x10)) | (vnz_bits(vand_k(q1, 0x10)) << 16))
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _quantize_ref_kernel(x, out):
+    """``quantize_row_q5_0_ref``, one block (two 16-lane halves) per step."""
+    bias = vsplat_f32(_16_5)
     for i in prange(x.size // QK):
-        _ref_block(x[i * QK : (i + 1) * QK], out, i * TYPE_SIZE)
+        o = i * TYPE_SIZE
+        s0, s1 = absmax_scaled(x, i * QK, out, o, _NEG16)
+        q0 = vint8_min(vcvtt(s0 + bias), 31)
+        q1 = vint8_min(vcvtt(s1 + bias), 31)
+        store_5bit(q0, q1, out, o + 2, o + 6)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _quantize_impl_kernel(rows, qw, rows_per_qw, out):
     """``quantize_row_q5_0_impl``: weights ``qw * sqrt(sigma2 + x*x)``, ``make_qx_quants``."""
     nrows, n_per_row = rows.shape

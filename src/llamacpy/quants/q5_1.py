@@ -9,16 +9,16 @@ import numpy as np
 from numba import njit, prange
 
 from llamacpy.gguf.constants import GGML_BLOCK_SIZES, GGMLType
+from llamacpy.ops.simd import vand_k, vcvt, vload_u8, vsplat_f32, vsrl, vstore_f32
+from llamacpy.quants._block32 import load_f16h, minmax_scaled, vcvtt, vqh_bits
 from llamacpy.quants._helpers import (
     F0,
     F1,
     F32,
     blocks_np,
-    f2i,
     f2i_np,
     fp16_to_fp32_np,
     fp32_to_fp16_np,
-    load_f16,
     run_dequantize,
     run_quantize,
     run_quantize_np,
@@ -27,7 +27,7 @@ from llamacpy.quants._helpers import (
 from llamacpy.quants._registry import QuantFormat, register
 from llamacpy.quants._search import make_qkx_quants
 from llamacpy.quants._search_np import make_qkx_quants_np, minmax_np, seqsum
-from llamacpy.quants.q5_0 import load_qh, pack_5bit, pack_5bit_np, unpack_5bit_np
+from llamacpy.quants.q5_0 import load_qh, pack_5bit, pack_5bit_np, store_5bit, unpack_5bit_np
 
 TYPE = GGMLType.Q5_1
 QK, TYPE_SIZE = GGML_BLOCK_SIZES[TYPE]
@@ -41,20 +41,19 @@ _RMIN = F32(-0.9)
 _RDELTA = F32(0.05)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _dequantize_kernel(raw, n):
     y = np.empty(n, dtype=np.float32)
     for i in prange(n // QK):
         o = i * TYPE_SIZE
-        d = load_f16(raw, o)
-        m = load_f16(raw, o + 2)
+        d = vsplat_f32(load_f16h(raw, o))
+        m = vsplat_f32(load_f16h(raw, o + 2))
         qh = load_qh(raw, o + 4)
-        for j in range(QK // 2):
-            q = np.int64(raw[o + 8 + j])
-            q0 = (q & 0x0F) | (((qh >> j) << 4) & 0x10)
-            q1 = (q >> 4) | ((qh >> (j + 12)) & 0x10)
-            y[i * QK + j] = F32(q0) * d + m
-            y[i * QK + j + QK // 2] = F32(q1) * d + m
+        q = vload_u8(raw, o + 8)
+        q0 = vand_k(q, 0xF) | vqh_bits(qh, 0)
+        q1 = vsrl(q, 4) | vqh_bits(qh, QK // 2)
+        vstore_f32(y, i * QK, vcvt(q0) * d + m)
+        vstore_f32(y, i * QK + QK // 2, vcvt(q1) * d + m)
     return y
 
 
@@ -74,33 +73,20 @@ def dequantize_numpy(raw, n: int) -> np.ndarray:
 # ----------------------------------------------------------------------------- quantize
 
 
-@njit(cache=True)
-def _ref_block(x, out, o):
-    """``quantize_row_q5_1_ref`` for one block (note: no clamp to 31, as in ggml)."""
-    mn = _FLT_MAX
-    mx = -_FLT_MAX
-    for j in range(QK):
-        if x[j] < mn:
-            mn = x[j]
-        if x[j] > mx:
-            mx = x[j]
-    d = (mx - mn) / _31
-    inv = F1 / d if d != F0 else F0
-    store_f16(out, o, d)
-    store_f16(out, o + 2, mn)
-    L = np.empty(QK, dtype=np.uint8)
-    for j in range(QK):
-        L[j] = f2i((x[j] - mn) * inv + _HALF) & 0xFF
-    pack_5bit(L, out, o + 4, o + 8)
-
-
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _quantize_ref_kernel(x, out):
+    """``quantize_row_q5_1_ref``, one block (two 16-lane halves) per step (note: no clamp to
+    31, as in ggml)."""
+    half = vsplat_f32(_HALF)
     for i in prange(x.size // QK):
-        _ref_block(x[i * QK : (i + 1) * QK], out, i * TYPE_SIZE)
+        o = i * TYPE_SIZE
+        s0, s1 = minmax_scaled(x, i * QK, out, o, _31)
+        q0 = vcvtt(s0 + half)
+        q1 = vcvtt(s1 + half)
+        store_5bit(q0, q1, out, o + 4, o + 8)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _quantize_impl_kernel(rows, qw, rows_per_qw, out):
     """``quantize_row_q5_1_impl``: weights ``qw * sqrt(sigma2 + x*x)``, ``make_qkx3_quants``."""
     nrows, n_per_row = rows.shape

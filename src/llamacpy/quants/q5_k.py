@@ -46,7 +46,7 @@ assert BLOCK.itemsize == TYPE_SIZE
 _O_SC, _O_QH, _O_QS = 4, 16, 48
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _dequantize_kernel(raw, n):
     y = np.empty(n, dtype=np.float32)
     for i in prange(n // QK):
@@ -86,7 +86,7 @@ def dequantize_numpy(raw, n: int) -> np.ndarray:
 # ----------------------------------------------------------------------------- quantize
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _pack(L, out, o):
     for k in range(32):
         out[o + _O_QH + k] = 0
@@ -103,7 +103,7 @@ def _pack(L, out, o):
             out[o + _O_QS + 32 * c + k] = l1 | (l2 << 4)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _quantize_ref_kernel(x, out):
     nblk = x.size // QK
     for p in prange((nblk + 1) // 2):
@@ -117,7 +117,7 @@ def _quantize_ref_kernel(x, out):
             _pack(Lb, out, i * TYPE_SIZE)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _quantize_impl_kernel(rows, qw, rows_per_qw, out):
     nrows, n_per_row = rows.shape
     for r in prange(nrows):

@@ -43,7 +43,7 @@ _O_QH, _O_SC, _O_D = 128, 192, 208
 _NEG128 = F32(-128.0)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _dequantize_kernel(raw, n):
     y = np.empty(n, dtype=np.float32)
     sc8 = raw.view(np.int8)
@@ -85,7 +85,7 @@ def dequantize_numpy(raw, n: int) -> np.ndarray:
 # ----------------------------------------------------------------------------- quantize
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _block(x, qw, use_qw, out, o):
     """``quantize_row_q6_K_ref`` (``use_qw`` False: weights ``x*x``) / ``_impl`` for one
     super-block."""
@@ -135,13 +135,13 @@ def _block(x, qw, use_qw, out, o):
             )
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _quantize_ref_kernel(x, out):
     for i in prange(x.size // QK):
         _block(x[i * QK : (i + 1) * QK], x[:0], False, out, i * TYPE_SIZE)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _quantize_impl_kernel(rows, qw, rows_per_qw, out):
     nrows, n_per_row = rows.shape
     for r in prange(nrows):

@@ -9,6 +9,8 @@ import numpy as np
 from numba import njit, prange
 
 from llamacpy.gguf.constants import GGML_BLOCK_SIZES, GGMLType
+from llamacpy.ops.simd import vcvt, vload_i8, vsplat_f32, vstore_f32
+from llamacpy.quants._block32 import load_f16h
 from llamacpy.quants._helpers import (
     F0,
     F1,
@@ -20,7 +22,6 @@ from llamacpy.quants._helpers import (
     fp32_to_fp16_np,
     int8,
     int8_np,
-    load_f16,
     roundf,
     roundf_np,
     run_dequantize,
@@ -38,15 +39,14 @@ assert BLOCK.itemsize == TYPE_SIZE
 _127 = F32(127.0)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _dequantize_kernel(raw, n):
     y = np.empty(n, dtype=np.float32)
-    q = raw.view(np.int8)
     for i in prange(n // QK):
         o = i * TYPE_SIZE
-        d = load_f16(raw, o)
-        for j in range(QK):
-            y[i * QK + j] = F32(q[o + 2 + j]) * d
+        d = vsplat_f32(load_f16h(raw, o))
+        vstore_f32(y, i * QK, vcvt(vload_i8(raw, o + 2)) * d)
+        vstore_f32(y, i * QK + 16, vcvt(vload_i8(raw, o + 18)) * d)
     return y
 
 
@@ -61,7 +61,7 @@ def dequantize_numpy(raw, n: int) -> np.ndarray:
     return (b["qs"].astype(np.float32) * fp16_to_fp32_np(b["d"])[:, None]).reshape(-1)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def quantize_block(x, out, o):
     """``quantize_row_q8_0_ref`` for one block; returns (d, sum of the quants)."""
     amax = F0
@@ -79,7 +79,7 @@ def quantize_block(x, out, o):
     return d, total
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _quantize_ref_kernel(x, out):
     for i in prange(x.size // QK):
         quantize_block(x[i * QK : (i + 1) * QK], out, i * TYPE_SIZE)

@@ -31,7 +31,7 @@ BLOCK = np.dtype([("d", "<f2"), ("s", "<f2"), ("qs", "i1", (QK,))])
 assert BLOCK.itemsize == TYPE_SIZE
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _dequantize_kernel(raw, n):
     y = np.empty(n, dtype=np.float32)
     q = raw.view(np.int8)
@@ -54,7 +54,7 @@ def dequantize_numpy(raw, n: int) -> np.ndarray:
     return (b["qs"].astype(np.float32) * fp16_to_fp32_np(b["d"])[:, None]).reshape(-1)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _quantize_ref_kernel(x, out):
     """``quantize_row_q8_1_ref``: the Q8_0 block at byte 2 shifted by the ``s`` field."""
     for i in prange(x.size // QK):

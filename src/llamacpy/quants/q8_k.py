@@ -40,7 +40,7 @@ _O_QS, _O_BS = 4, 4 + QK
 _NEG127 = F32(-127.0)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _load_f32(raw, o):
     return bits_f32(
         np.int64(raw[o])
@@ -50,7 +50,7 @@ def _load_f32(raw, o):
     )
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _dequantize_kernel(raw, n):
     y = np.empty(n, dtype=np.float32)
     q = raw.view(np.int8)
@@ -73,7 +73,7 @@ def dequantize_numpy(raw, n: int) -> np.ndarray:
     return (b["d"][:, None] * b["qs"].astype(np.float32)).reshape(-1)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _quantize_ref_kernel(x, out):
     for i in prange(x.size // QK):
         xb = x[i * QK : (i + 1) * QK]
