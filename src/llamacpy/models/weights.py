@@ -31,6 +31,23 @@ _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
 _CHUNK = 4 << 20  # bytes of file repacked per parallel call (bounds the mapped pages held)
 
 
+_MADVISE = None
+
+
+def _libc_madvise():
+    """libc's ``madvise`` through ctypes (``False`` where there is none)."""
+    global _MADVISE
+    if _MADVISE is None:
+        try:
+            fn = ctypes.CDLL(None, use_errno=True).madvise
+            fn.argtypes = [ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int]  # (compiled calls too)
+            fn.restype = ctypes.c_int
+            _MADVISE = fn
+        except (OSError, AttributeError):
+            _MADVISE = False
+    return _MADVISE
+
+
 class TensorSource:
     """Reads the bytes of tensors of an opened model file, from its shards."""
 
@@ -40,6 +57,24 @@ class TensorSource:
         self.background = background  # WeightStore.build's default
         self._files: dict[int, object] = {}
         self._maps: dict[int, mmap.mmap] = {}
+        self._views: dict[int, np.ndarray] = {}  # whole-map views: their address for madvise
+
+    def _advise(self, shard: int, start: int, length: int, advice: int) -> None:
+        """``madvise`` a page-aligned range of a mapped shard, through libc when possible
+        (ctypes drops the GIL, so populating pages does not stall the other threads)."""
+        fn = _libc_madvise()
+        if fn:
+            view = self._views.get(shard)
+            if view is None:
+                view = self._views[shard] = np.frombuffer(self._maps[shard], np.uint8)
+            length = min(length, view.size - start)
+            if length > 0:
+                fn(view.ctypes.data + start, length, advice)  # failures: pages fault in lazily
+            return
+        try:
+            self._maps[shard].madvise(advice, start, length)
+        except (OSError, ValueError, AttributeError):
+            pass  # older kernels and platforms: pages fault in one by one
 
     def _shard(self, name: str) -> int:
         return self.model.shard_of(name)
@@ -58,10 +93,8 @@ class TensorSource:
                 with open(path, "rb") as f:
                     mm = self._maps[shard] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
             start = offset - offset % _PAGE
-            try:  # the caller reads all of it right away: fault it in with one call
-                mm.madvise(_MADV_POPULATE_READ, start, offset + nbytes - start)
-            except (OSError, ValueError, AttributeError):
-                pass  # older kernels: pages fault in one by one
+            # the caller reads all of it right away: fault it in with one call
+            self._advise(shard, start, offset + nbytes - start, _MADV_POPULATE_READ)
             return np.frombuffer(mm, np.uint8, count=nbytes, offset=offset)
         f = self._files.get(shard)
         if f is None:
@@ -72,21 +105,28 @@ class TensorSource:
             raise ModelError(f"{path}: truncated data at byte {offset} ({nbytes} bytes)")
         return buf
 
+    def whole(self, shard: int) -> tuple[np.ndarray, int]:
+        """A mapped shard as one read-only array (no page faulted in yet) and its address."""
+        if shard not in self._maps:
+            with open(self.model.paths[shard], "rb") as f:
+                self._maps[shard] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        view = self._views.get(shard)
+        if view is None:
+            view = self._views[shard] = np.frombuffer(self._maps[shard], np.uint8)
+        return view, view.ctypes.data
+
     def release(self, info: TensorInfo) -> None:
         """Drop the tensor's file pages from this process (they stay in the page cache)."""
         self.release_span(self._shard(info.name), info.data_offset, info.nbytes)
 
     def release_span(self, shard: int, offset: int, nbytes: int) -> None:
-        mm = self._maps.get(shard)
-        if mm is None or not hasattr(mm, "madvise"):
+        if shard not in self._maps or not hasattr(mmap, "MADV_DONTNEED"):
             return
         start = offset - offset % _PAGE
-        try:
-            mm.madvise(mmap.MADV_DONTNEED, start, offset + nbytes - start)
-        except (OSError, ValueError):
-            pass
+        self._advise(shard, start, offset + nbytes - start, mmap.MADV_DONTNEED)
 
     def close(self) -> None:
+        self._views.clear()
         for f in self._files.values():
             f.close()
         for mm in self._maps.values():
@@ -142,7 +182,7 @@ class WeightStore:
         self._error: BaseException | None = None
         self._lock = threading.Lock()
         self._after: list = []  # called once the build is over
-        self._waiting = threading.Event()  # someone waits for a background build
+        self._ctl = np.zeros(4, np.int64)  # read by the compiled copy, see formats
 
     # the buffers, complete: reading one waits for a build still running in the background
     @property
@@ -173,7 +213,7 @@ class WeightStore:
         """Wait for a background build; raise what it raised."""
         job = self._job
         if job is not None:
-            self._waiting.set()  # the copy may use every thread now
+            self._ctl[0] = 1  # the copy may use every thread from its next chunk on
             job.join()
             self._job = None
         if self._error is not None:
@@ -235,10 +275,11 @@ class WeightStore:
             key=lambda x: (x[0], x[1]),
         )  # fmt: skip
         if not (source.background if background is None else background):
+            self._ctl[0] = 1  # every thread from the start
             self._copy(source, todo)
             return
+        self._ctl[0] = 0  # one thread until someone waits
         self._error = None
-        self._waiting.clear()
         self._job = threading.Thread(
             target=self._background,
             args=(source, todo, numba.get_num_threads()),
@@ -259,30 +300,51 @@ class WeightStore:
                 fn()
 
     def _copy(self, source: TensorSource, todo: list, n_threads: int = 0) -> None:
-        """The copy, chunk by chunk. In the background (``n_threads`` > 0) it runs on one
-        thread while the caller works (the caller has the other cores) and on ``n_threads``
-        once the caller waits for it (numba's thread count is per calling thread)."""
-        i, nth = 0, 0
+        """The copy, in file-order chunks of about :data:`_CHUNK` bytes. A mapped file is
+        repacked by one compiled call per shard (it faults each chunk's pages in and drops
+        them again itself, without the GIL); otherwise chunk by chunk from Python. In the
+        background (``n_threads`` > 0) it runs on one thread while the caller works (the
+        caller has the other cores) and on ``n_threads`` from the next chunk once the caller
+        waits for it (numba's thread count is per calling thread)."""
+        chunks, i = [], 0
         while i < len(todo):
-            if n_threads:
-                want = n_threads if self._waiting.is_set() else 1
-                if want != nth:
-                    numba.set_num_threads(want)
-                    nth = want
             shard, start = todo[i][0], todo[i][1]
             j, end = i, start
             while j < len(todo) and todo[j][0] == shard and (j == i or end - start < _CHUNK):
                 end = max(end, todo[j][1] + todo[j][3].nbytes)
                 j += 1
-            raw = source.span(shard, start, end - start)
-            items = [(info.data_offset - start, m.type, m.nrows, m.ncols, off)
-                     for _, _, m, info, off in todo[i:j]]  # fmt: skip
-            formats.repack_many(raw, items, self._buf)
-            del raw
-            source.release_span(shard, start, end - start)
-            for _, _, m, _, off in todo[i:j]:
-                self._desc[m.index] = (int(m.type), off, m.nrows, m.ncols)
+            chunks.append((shard, start, end, i, j))
             i = j
+        ctl = self._ctl
+        ctl[1:] = (_MADV_POPULATE_READ, mmap.MADV_DONTNEED, n_threads or numba.get_num_threads())
+        if n_threads and not ctl[0]:
+            numba.set_num_threads(1)
+        if source.use_mmap and _libc_madvise():
+            for shard in sorted({c[0] for c in chunks}):
+                mine = [c for c in chunks if c[0] == shard]
+                raw, base = source.whole(shard)
+                i0 = mine[0][3]
+                plan = np.array(
+                    [(st - st % _PAGE, en - (st - st % _PAGE), i - i0, j - i0)
+                     for _, st, en, i, j in mine],
+                    np.int64,
+                )  # fmt: skip
+                items = [(info.data_offset, m.type, m.nrows, m.ncols, off)
+                         for _, _, m, info, off in todo[i0 : mine[-1][4]]]  # fmt: skip
+                formats.repack_mapped(raw, plan, items, self._buf, _libc_madvise(), base, ctl)
+                del raw
+        else:
+            for shard, start, end, i, j in chunks:
+                if n_threads and ctl[0] and numba.get_num_threads() != n_threads:
+                    numba.set_num_threads(n_threads)
+                raw = source.span(shard, start, end - start)
+                items = [(info.data_offset - start, m.type, m.nrows, m.ncols, off)
+                         for _, _, m, info, off in todo[i:j]]  # fmt: skip
+                formats.repack_many(raw, items, self._buf)
+                del raw
+                source.release_span(shard, start, end - start)
+        for _, _, m, _, off in todo:
+            self._desc[m.index] = (int(m.type), off, m.nrows, m.ncols)
         for v, info in self.vectors:
             self._fbuf[v.offset : v.offset + v.size] = source.raw(info).view(np.float32)
             source.release(info)  # a large page-cache folio maps whole: drop it again

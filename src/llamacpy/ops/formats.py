@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 from numba import njit, prange
 
@@ -288,6 +289,78 @@ def check_tensor(
     need = nrows * ncols // lay.qk * lay.src_bytes
     if nbytes < need:
         raise ModelError(f"{where}{lay.type.name} tensor has {nbytes} bytes, {need} needed")
+
+
+@njit(cache=True, nogil=True)
+def _advise(fn, addr, n, advice):
+    """``fn(addr, n, advice)``: a C function passed in (a direct call from a parallel
+    kernel would make numba treat the pointer as a constant and refuse to cache it)."""
+    return fn(addr, n, np.int32(advice))
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def _repack_mapped(raw, chunks, jobs, first, ops_all, out, advise, base, ctl, c0, nth):
+    """Repack a mapped file chunk by chunk, from chunk ``c0``, with no Python and no GIL
+    between chunks. Chunk ``c`` = ``chunks[c]``: page-aligned byte range (start, length) and
+    its jobs ``[j0, j1)`` (rows as in :func:`_repack_jobs`, source offsets into ``raw``);
+    ``first[j]`` = first work item of job ``j``. With ``base`` (the address of ``raw``) each
+    chunk's pages are faulted in before (``advise(addr, n, ctl[1])``: MADV_POPULATE_READ)
+    and dropped after (``ctl[2]``: MADV_DONTNEED). Runs on ``nth`` threads; returns early
+    (the next chunk) when another thread sets ``ctl[0]`` to ask for ``ctl[3]`` threads."""
+    zero = np.zeros(4096, dtype=np.uint8)
+    for c in range(c0, chunks.shape[0]):
+        p0, plen, j0, j1 = chunks[c, 0], chunks[c, 1], chunks[c, 2], chunks[c, 3]
+        if base != 0:
+            _advise(advise, base + p0, plen, ctl[1])
+        w0 = first[j0]
+        for w in prange(first[j1] - w0):
+            j = np.searchsorted(first, w0 + w, side="right") - 1
+            so0, nrows, nblk, sb, db, o0, no, do0 = (
+                jobs[j, 0], jobs[j, 1], jobs[j, 2], jobs[j, 3], jobs[j, 4], jobs[j, 5],
+                jobs[j, 6], jobs[j, 7],
+            )  # fmt: skip
+            _repack_group(
+                raw, so0, nrows, nblk, sb, db, ops_all[o0 : o0 + no], out, do0,
+                w0 + w - first[j], zero,
+            )  # fmt: skip
+        if base != 0:
+            _advise(advise, base + p0, plen, ctl[2])
+        if ctl[0] != 0 and ctl[3] != nth:
+            return c + 1
+    return chunks.shape[0]
+
+
+def repack_plan(items, out_size: int):
+    """``(jobs, first, ops)`` for :func:`_repack_mapped` from ``items`` = ``(source offset,
+    type, nrows, ncols, destination offset)`` (checked against ``out_size`` bytes)."""
+    jobs = np.zeros((len(items), 8), np.int64)
+    first = np.zeros(len(items) + 1, np.int64)
+    ops: list[np.ndarray] = []
+    n_ops = 0
+    for i, (so, t, nrows, ncols, do) in enumerate(items):
+        lay = layout(t)
+        size = repacked_nbytes(t, nrows, ncols)
+        if do < 0 or do + size > out_size:
+            raise ModelError(f"repack destination [{do}, {do + size}) is outside {out_size} bytes")
+        o = lay.ops_array
+        jobs[i] = (so, nrows, ncols // lay.qk, lay.src_bytes, lay.dst_bytes, n_ops, len(o), do)
+        first[i + 1] = first[i] + n_groups(nrows)
+        ops.append(o)
+        n_ops += len(o)
+    return jobs, first, (np.concatenate(ops) if ops else np.zeros((0, 5), np.int64))
+
+
+def repack_mapped(raw, chunks, items, out, advise, base: int, ctl) -> None:
+    """Repack ``items`` (source offsets into ``raw``) chunk by chunk: see
+    :func:`_repack_mapped`; ``chunks`` rows: (page start, page length, item range). Starts
+    on the calling thread's thread count, or one thread while ``ctl[0]`` is 0, and goes
+    on with ``ctl[3]`` threads once another thread sets ``ctl[0]``."""
+    jobs, first, ops = repack_plan(items, out.size)
+    c = 0
+    while c < len(chunks):
+        nth = int(ctl[3]) if ctl[0] else 1
+        numba.set_num_threads(nth)
+        c = _repack_mapped(raw, chunks, jobs, first, ops, out, advise, base, ctl, c, nth)
 
 
 def _check(raw: np.ndarray, lay: Layout, nrows: int, ncols: int) -> None:
