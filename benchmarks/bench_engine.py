@@ -198,7 +198,7 @@ def main() -> None:
     flags = ["-m", model, "-p", PROMPT, "-t", str(a.t), "-c", str(a.ctx), "--temp", "0"]
     ours = [sys.executable, "-m", "llamacpy", "run", *flags, "--ignore-eos"]
     if a.page_cache == "evict":
-        dropped = _evict([model, bin_dir, Path(sys.prefix), Path(sys.base_prefix) / "lib"])
+        dropped = _evict([Path(model), bin_dir, Path(sys.prefix), Path(sys.base_prefix) / "lib"])
         print(f"\npage cache: dropped {dropped} library/model files of both sides before RSS")
     rows = []
     if have_llama:
