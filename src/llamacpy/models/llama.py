@@ -89,7 +89,7 @@ class Workspace:
             z((nt, d, tile), np.float32),  # K tile (transposed)
             z((nt, tile, d), np.float32),  # V tile
             z((nt, tile), np.float32),  # tile scores
-            z((nt, 32), np.float32),  # softmax states of a 16-token block
+            z((nt, 32 * (n_head // hp.n_head_kv)), np.float32),  # softmax states of a block
             z((n_head, nt), np.float32),  # split partials: M
             z((n_head, nt), np.float32),  # S
             z((n_head, nt, d), np.float32),  # VKQ

@@ -451,17 +451,23 @@ def attention_tiled(
     pt,
     st,
 ):
-    """Ubatches of 64 tokens and more: work items are (head, block of 16 tokens)."""
+    """Ubatches of 64 tokens and more: work items are (KV head, block of 16 tokens), dealt
+    round-robin (later blocks see more cells); each tile of cells is loaded once for the
+    ``gqa`` query heads sharing the KV head. Every query row still sees the tiles in cell
+    order, so its numerics do not depend on the grouping. ``st``: 32 * ``gqa`` floats."""
     nb = (n_tok + 15) // 16
-    i0, i1 = split(n_head * nb, tid, nth)
-    for i in range(i0, i1):
-        h, blk = i // nb, i % nb
+    n_kv_head = n_head // gqa
+    for i in range(tid, n_kv_head * nb, nth):
+        hk, blk = i % n_kv_head, i // n_kv_head
         q0, q1 = 16 * blk, min(16 * blk + 16, n_tok)
-        for t in range(q0, q1):
-            ATT[t, h * hd : (h + 1) * hd] = 0
-            st[2 * (t - q0)] = -np.inf
-            st[2 * (t - q0) + 1] = 0
-        ho = lbase + (h // gqa) * hstride
+        for g in range(gqa):
+            h = hk * gqa + g
+            for t in range(q0, q1):
+                ATT[t, h * hd : (h + 1) * hd] = 0
+                s = 32 * g + 2 * (t - q0)
+                st[s] = -np.inf
+                st[s + 1] = 0
+        ho = lbase + hk * hstride
         for c0 in range(0, n_kv, TILE):
             n = min(TILE, n_kv - c0)
             visible = False
@@ -475,24 +481,18 @@ def attention_tiled(
             if not visible:
                 continue
             load_tile(kc, vc, ho, ho, rowb, kv_type, hd, c0, n, kt, vt)
+            for g in range(gqa):
+                h = hk * gqa + g
+                for t in range(q0, q1):
+                    s = 32 * g + 2 * (t - q0)
+                    attend_tile(
+                        Q[t], h * hd, hd, kt, vt, mask[t], 0, c0, n, scale, st[s : s + 2],
+                        ATT[t, h * hd :], pt,
+                    )  # fmt: skip
+        for g in range(gqa):
+            h = hk * gqa + g
             for t in range(q0, q1):
-                attend_tile(
-                    Q[t],
-                    h * hd,
-                    hd,
-                    kt,
-                    vt,
-                    mask[t],
-                    0,
-                    c0,
-                    n,
-                    scale,
-                    st[2 * (t - q0) : 2 * (t - q0) + 2],
-                    ATT[t, h * hd :],
-                    pt,
-                )
-        for t in range(q0, q1):
-            finish_row(ATT[t, h * hd :], hd, st[2 * (t - q0) + 1], ATT[t], h * hd)
+                finish_row(ATT[t, h * hd :], hd, st[32 * g + 2 * (t - q0) + 1], ATT[t], h * hd)
 
 
 # ----------------------------------------------------------------------------- K shift
