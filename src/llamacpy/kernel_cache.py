@@ -28,7 +28,7 @@ from numba.core import codegen as codegen_mod
 from numba.core.runtime import nrtdynmod, rtsys
 
 _ROOT = Path(__file__).resolve().parent  # the llamacpy package
-KERNEL_PACKAGES = ("quants", "ops", "tokenizer", "sampling", "models", "engine", "quantize")
+KERNEL_PACKAGES = ("simd", "quants", "ops", "tokenizer", "sampling", "models", "engine", "quantize")
 _KERNEL_DIRS = tuple(_ROOT / p for p in KERNEL_PACKAGES)
 _ROOT_S = str(_ROOT)
 

@@ -48,8 +48,8 @@ from ..ops.dequant import get_row
 from ..ops.matmul import matmul_sel, prepare_acts
 from ..ops.norm import head_rms_norm, rms_norm
 from ..ops.rope import rope_apply, rope_cache
-from ..ops.simd import cycles
 from ..ops.threads import barrier, split, tick, timed_barrier
+from ..simd import cycles
 
 MODE_ROWS, MODE_TILED, MODE_SPLIT = 0, 1, 2
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .simd import (
+from ..simd import (
     f32_to_f16,
     vabs,
     vfma,

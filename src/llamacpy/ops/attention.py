@@ -19,9 +19,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .activations import vexp_ggml
-from .rope import rope_apply, rope_cache
-from .simd import (
+from ..simd import (
     fmaf,
     load_f16,
     load_f32,
@@ -38,6 +36,8 @@ from .simd import (
     vstore_f32,
     vzero_f32,
 )
+from .activations import vexp_ggml
+from .rope import rope_apply, rope_cache
 from .threads import split
 
 KV_F32, KV_F16, KV_Q8_0 = 0, 1, 8  # ggml type ids

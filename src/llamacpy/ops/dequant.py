@@ -11,8 +11,8 @@ import numpy as np
 from numba import njit
 
 from ..gguf.constants import GGMLType
+from ..simd import bits_to_f32, f16_to_f32, load_f16, load_f32
 from . import formats as F
-from .simd import bits_to_f32, f16_to_f32, load_f16, load_f32
 
 KVALUES_IQ4NL = np.array(
     [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8

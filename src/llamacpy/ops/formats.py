@@ -35,7 +35,7 @@ from numba import njit, prange
 
 from ..errors import ModelError
 from ..gguf.constants import GGML_BLOCK_SIZES, GGMLType
-from .simd import load_u32, store_u32
+from ..simd import load_u32, store_u32
 
 ROWS, CHUNK4, XOR80, T, Q5HB, K4SC, Q3SC, IQ4XSSC = range(8)
 GROUP = 16  # rows per row group (vector lanes)

@@ -14,8 +14,8 @@ import math
 import numpy as np
 from numba import njit
 
+from ..simd import f32_to_f16
 from .activations import GELU_F16
-from .simd import f32_to_f16
 
 _F32 = np.float32
 

@@ -32,6 +32,7 @@ from numba.extending import (
 )
 
 from ..gguf.constants import GGMLType
+from ..simd import prefetch, vload_f32, vstore_f32, vzero_f32
 from . import qdot_float as QF
 from . import qdot_k as QK
 from . import qdot_legacy as QL
@@ -45,7 +46,6 @@ from .quantize_act import (
     round_activations,
     round_activations_numpy,
 )
-from .simd import prefetch, vload_f32, vstore_f32, vzero_f32
 
 PREFETCH = 2048  # bytes ahead of the weight block being read
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from numba import njit
 
-from .simd import vfma, vload_bf16, vload_f16, vload_f32, vsplat_f32
+from ..simd import vfma, vload_bf16, vload_f16, vload_f32, vsplat_f32
 
 
 @njit(cache=True, inline="always")

@@ -17,8 +17,7 @@ from __future__ import annotations
 
 from numba import njit
 
-from .qdot_legacy import IQ4NL_TABLE, _nib
-from .simd import (
+from ..simd import (
     vand_k,
     vbcast4,
     vcvt,
@@ -36,6 +35,7 @@ from .simd import (
     vzero_f32,
     vzero_i32,
 )
+from .qdot_legacy import IQ4NL_TABLE, _nib
 
 _M4 = 0x0F0F0F0F
 _M2 = 0x03030303

@@ -25,8 +25,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .dequant import KVALUES_IQ4NL
-from .simd import (
+from ..simd import (
     vand_k,
     vbcast4,
     vcvt,
@@ -41,6 +40,7 @@ from .simd import (
     vsrl,
     vzero_f32,
 )
+from .dequant import KVALUES_IQ4NL
 
 _M4 = 0x0F0F0F0F
 # IQ4_NL values + 128 as unsigned bytes, the 16-byte table repeated in each 128-bit lane

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .simd import bits_to_f32, f32_to_bits, round_f16
+from ..simd import bits_to_f32, f32_to_bits, round_f16
 
 _F32 = np.float32
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from .simd import fmaf
+from ..simd import fmaf
 
 _F32 = np.float32
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .simd import atomic_add, atomic_load, atomic_store, cpu_relax, cycles, sched_yield
+from ..simd import atomic_add, atomic_load, atomic_store, cpu_relax, cycles, sched_yield
 
 BARRIER_WORDS = 32  # count and generation on separate cache lines
 _SPINS_BEFORE_YIELD = 2000

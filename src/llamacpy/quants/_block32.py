@@ -1,6 +1,6 @@
 """Whole-block SIMD steps of the 32-value legacy formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), numba.
 
-A block is two 16-lane vectors (:data:`llamacpy.ops.simd.f32x16`): elements ``0..15`` and
+A block is two 16-lane vectors (:data:`llamacpy.simd.f32x16`): elements ``0..15`` and
 ``16..31``, which is also how the formats pair nibbles (byte ``j`` holds ``j`` and ``j+16``).
 Every step gives the bits of ggml's scalar reference code:
 
@@ -20,7 +20,9 @@ from numba.core import cgutils
 from numba.cpython.unsafe.numbers import trailing_zeros
 from numba.extending import intrinsic
 
-from llamacpy.ops.simd import (
+from llamacpy.quants._helpers import F0, F1, F32
+from llamacpy.quants._lanes import vblend, vgt, vlt
+from llamacpy.simd import (
     f16_to_f32,
     f32_to_f16,
     f32x16,
@@ -30,8 +32,6 @@ from llamacpy.ops.simd import (
     vload_f32,
     vsplat_f32,
 )
-from llamacpy.quants._helpers import F0, F1, F32
-from llamacpy.quants._lanes import vblend, vgt, vlt
 
 _I32 = ir.IntType(32)
 _V16I = ir.VectorType(_I32, 16)

@@ -3,7 +3,7 @@
 The searches of ``_search.py`` are sequences of float32 sums whose order must stay as in
 ggml-quants.c, so a single search cannot be vectorized. The K-quants run the same search on
 many independent groups (the 8 or 16 sub-blocks of a super-block), so here each lane of a
-16-lane vector (:data:`llamacpy.ops.simd.f32x16`) carries one group through exactly the
+16-lane vector (:data:`llamacpy.simd.f32x16`) carries one group through exactly the
 scalar code's operations in the scalar code's order: same bits, 16 groups per instruction.
 Branches become per-lane selects.
 
@@ -17,7 +17,8 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from llamacpy.ops.simd import (
+from llamacpy.quants._helpers import F0, F1, F32, GROUP_MAX_EPS
+from llamacpy.simd import (
     VecType,
     f32x16,
     i32x16,
@@ -30,7 +31,6 @@ from llamacpy.ops.simd import (
     vstore_f32,
     vstore_i32,
 )
-from llamacpy.quants._helpers import F0, F1, F32, GROUP_MAX_EPS
 
 LANES = 16
 _TENTH = F32(0.1)

@@ -9,16 +9,6 @@ import numpy as np
 from numba import njit, prange
 
 from llamacpy.gguf.constants import GGML_BLOCK_SIZES, GGMLType
-from llamacpy.ops.simd import (
-    vand_k,
-    vcvt,
-    vload_u8,
-    vsll,
-    vsplat_f32,
-    vsplat_i32,
-    vsrl,
-    vstore_f32,
-)
 from llamacpy.quants._block32 import (
     absmax_scaled,
     load_f16h,
@@ -43,6 +33,16 @@ from llamacpy.quants._helpers import (
 from llamacpy.quants._registry import QuantFormat, register
 from llamacpy.quants._search import make_qx_quants
 from llamacpy.quants._search_np import absmax_np, make_qx_quants_np, seqsum
+from llamacpy.simd import (
+    vand_k,
+    vcvt,
+    vload_u8,
+    vsll,
+    vsplat_f32,
+    vsplat_i32,
+    vsrl,
+    vstore_f32,
+)
 
 TYPE = GGMLType.Q4_0
 QK, TYPE_SIZE = GGML_BLOCK_SIZES[TYPE]

@@ -13,7 +13,6 @@ import numpy as np
 from numba import njit, prange
 
 from llamacpy.gguf.constants import GGML_BLOCK_SIZES, GGMLType
-from llamacpy.ops.simd import vand_k, vcvt, vload_u8, vsplat_f32, vsrl, vstore_f32
 from llamacpy.quants._block32 import load_f16h
 from llamacpy.quants._helpers import (
     F0,
@@ -37,6 +36,7 @@ from llamacpy.quants._search import (
     put_scale_min_k4,
 )
 from llamacpy.quants._search_np import make_qkx_quants_np, make_qp_quants_np, seqsum
+from llamacpy.simd import vand_k, vcvt, vload_u8, vsplat_f32, vsrl, vstore_f32
 
 TYPE = GGMLType.Q4_K
 QK, TYPE_SIZE = GGML_BLOCK_SIZES[TYPE]

@@ -9,7 +9,6 @@ import numpy as np
 from numba import njit, prange
 
 from llamacpy.gguf.constants import GGML_BLOCK_SIZES, GGMLType
-from llamacpy.ops.simd import vand_k, vcvt, vload_u8, vsplat_f32, vsrl, vstore_f32
 from llamacpy.quants._block32 import load_f16h, minmax_scaled, vcvtt, vqh_bits
 from llamacpy.quants._helpers import (
     F0,
@@ -28,6 +27,7 @@ from llamacpy.quants._registry import QuantFormat, register
 from llamacpy.quants._search import make_qkx_quants
 from llamacpy.quants._search_np import make_qkx_quants_np, minmax_np, seqsum
 from llamacpy.quants.q5_0 import load_qh, pack_5bit, pack_5bit_np, store_5bit, unpack_5bit_np
+from llamacpy.simd import vand_k, vcvt, vload_u8, vsplat_f32, vsrl, vstore_f32
 
 TYPE = GGMLType.Q5_1
 QK, TYPE_SIZE = GGML_BLOCK_SIZES[TYPE]

@@ -9,7 +9,6 @@ import numpy as np
 from numba import njit, prange
 
 from llamacpy.gguf.constants import GGML_BLOCK_SIZES, GGMLType
-from llamacpy.ops.simd import vcvt, vload_i8, vsplat_f32, vstore_f32
 from llamacpy.quants._block32 import load_f16h
 from llamacpy.quants._helpers import (
     F0,
@@ -30,6 +29,7 @@ from llamacpy.quants._helpers import (
     store_f16,
 )
 from llamacpy.quants._registry import QuantFormat, register
+from llamacpy.simd import vcvt, vload_i8, vsplat_f32, vstore_f32
 
 TYPE = GGMLType.Q8_0
 QK, TYPE_SIZE = GGML_BLOCK_SIZES[TYPE]
