@@ -7,19 +7,29 @@ loop it shares with the CLI and the server.
 ... # doctest: +SKIP
 """
 
-from .generation import (
-    ContextOverflowError,
-    Generation,
-    GenerationConfig,
-    NotSupportedError,
-    Session,
-    Step,
-    StopMatcher,
-    Timings,
-)
-from .llama import Llama, LogitsProcessorList, StoppingCriteriaList, llama_cpp_sampler
-from .model import LoadedModel, ModelInfo, load_model
-from .state import LlamaState
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_NAMES = {
+    "ContextOverflowError": "generation",
+    "Generation": "generation",
+    "GenerationConfig": "generation",
+    "NotSupportedError": "generation",
+    "Session": "generation",
+    "Step": "generation",
+    "StopMatcher": "generation",
+    "Timings": "generation",
+    "Llama": "llama",
+    "LogitsProcessorList": "llama",
+    "StoppingCriteriaList": "llama",
+    "llama_cpp_sampler": "llama",
+    "LoadedModel": "model",
+    "ModelInfo": "model",
+    "load_model": "model",
+    "LlamaState": "state",
+}
 
 __all__ = [
     "ContextOverflowError",
@@ -39,3 +49,32 @@ __all__ = [
     "llama_cpp_sampler",
     "load_model",
 ]
+
+
+def __getattr__(name: str) -> Any:  # imported on first use: `llamacpy run` needs few of them
+    module = _NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_NAMES})
+
+
+if TYPE_CHECKING:
+    from .generation import (
+        ContextOverflowError,
+        Generation,
+        GenerationConfig,
+        NotSupportedError,
+        Session,
+        Step,
+        StopMatcher,
+        Timings,
+    )
+    from .llama import Llama, LogitsProcessorList, StoppingCriteriaList, llama_cpp_sampler
+    from .model import LoadedModel, ModelInfo, load_model
+    from .state import LlamaState

@@ -9,16 +9,20 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..engine import Context, ContextParams
+from ..engine.params import ContextParams
 from ..errors import UsageError
 from ..gguf import GGUFModelFile
 from ..gguf.constants import LlamaFileType
+from ..models import load_model as load_weights
 from ..registry import resolve_model
 from ..tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from ..engine.context import Context
 
 # llama.cpp's llama_ftype_name for the file types that differ from the enum name
 _FTYPE_NAMES = {
@@ -181,6 +185,11 @@ def load_model(
                     f"kv_overrides[{k!r}]: overriding model hyper-parameters is not supported "
                     "by the engine yet (tokenizer.* and general.* keys are)"
                 )
-        ctx = Context(mf, params)  # checked; the weights are copied in the background ...
-        info, tokenizer = ModelInfo.from_file(mf, kv_overrides)  # ... while this runs
+        # checked, then the weights are copied in the background while the engine's
+        # modules are imported and the tokenizer is built
+        model = load_weights(mf, use_mmap=params.use_mmap, rope=params.rope)
+        from ..engine.context import Context
+
+        ctx = Context(params=params, model=model)
+        info, tokenizer = ModelInfo.from_file(mf, kv_overrides)
     return LoadedModel(info, tokenizer, ctx, time.perf_counter() - t0)

@@ -168,12 +168,12 @@ def _read_prompt(args: argparse.Namespace) -> bytes:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ..api.generation import ContextOverflowError, GenerationConfig, Session
-
     if args.file is None and args.prompt is None:
         raise UsageError("give a prompt with -p PROMPT or -f FILE")
     prompt = _read_prompt(args)
-    model = load(args)
+    model = load(args)  # (first: the weights are copied while the rest is imported)
+    from ..api.generation import ContextOverflowError, GenerationConfig, Session
+
     tok, ctx = model.tokenizer, model.ctx
     tokens = tok.encode(prompt, add_special=True, parse_special=True)
     if not tokens:
