@@ -90,6 +90,15 @@ def test_cached_kernels_load_lazily_and_still_link(tmp_path: Path) -> None:
     assert run("compile") == ["3"]
     # loaded from the cache with its bitcode left unparsed, parsed when caller links it
     assert run("link") == ["3", "1", "True", "4", "False"]
+    # an index written by another version, naming a module that is gone: a cache miss
+    import pickle
+
+    for nbi in (pkg / "__pycache__").glob("kernel.callee-*.nbi"):
+        with nbi.open("rb") as f:
+            version = pickle.load(f)
+        nbi.write_bytes(pickle.dumps(version) + b"cgone_module_of_an_old_version\nT\n.")
+    assert run("compile") == ["3"]  # compiled again, index rewritten
+    assert run("link")[:2] == ["3", "1"]  # and loaded from it next time
 
 
 def test_elf_symbols_are_read_from_the_object_code() -> None:

@@ -173,6 +173,10 @@ def _load_overload(self, sig, target_context):
     try:
         with self._guard_against_spurious_io_errors():
             return self._load_overload(sig, target_context)
+    except Exception:
+        # an entry written by another version (its pickled types name modules that moved
+        # or changed) is a cache miss: compile, and the entry is written anew
+        return None
     finally:
         _LOADING.on = False
 
@@ -282,11 +286,25 @@ def _cached_nrt_functions(ctx):
     return library
 
 
+_numba_load_index = caching.IndexDataCacheFile._load_index
+
+
+def _load_index(self):
+    """numba's index of a function's cached entries; one it cannot read back (written by
+    another version: its pickled types name modules that moved or changed) is empty, so the
+    function compiles and the index is written anew, instead of failing the call."""
+    try:
+        return _numba_load_index(self)
+    except Exception:
+        return {}
+
+
 def install() -> None:
     """Put the kernel locators first in numba's list (idempotent)."""
     global _KERNEL_LOCATORS
     _KERNEL_LOCATORS = (_InTreeKernelLocator, _UserWideKernelLocator)
     caching.Cache.load_overload = _load_overload
+    caching.IndexDataCacheFile._load_index = _load_index
     lib = codegen_mod.CPUCodeLibrary
     if lib._get_module_for_linking is _numba_module_for_linking:
         lib._unserialize = classmethod(_lazy_unserialize)
