@@ -9,6 +9,7 @@ import llamacpy
 
 # top-level module or package -> layer
 LAYERS = {
+    "_lazy": 0,
     "errors": 0,
     "fileio": 0,
     "gguf": 0,
@@ -90,3 +91,16 @@ def test_checker_finds_imports_of_every_form() -> None:
         "from .sibling import x\n"
     )
     assert _imported_tops(src, depth=1) == {"engine", "server", "api", "cli", "sampling"}
+
+
+def test_lazy_package_names_are_the_objects_not_submodules() -> None:
+    import importlib
+
+    for package in ("llamacpy.engine", "llamacpy.api"):
+        pkg = importlib.import_module(package)
+        for name, module in pkg._NAMES.items():
+            assert name != module, f"{package}.{name} is also a submodule name"
+            importlib.import_module(f"{package}.{module}")  # a submodule imported first ...
+            assert getattr(pkg, name) is getattr(
+                importlib.import_module(f"{package}.{module}"), name
+            )

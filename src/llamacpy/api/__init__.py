@@ -9,8 +9,9 @@ loop it shares with the CLI and the server.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_names
 
 _NAMES = {
     "ContextOverflowError": "generation",
@@ -51,17 +52,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:  # imported on first use: `llamacpy run` needs few of them
-    module = _NAMES.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_NAMES})
+__getattr__, __dir__ = lazy_names(__name__, _NAMES)
 
 
 if TYPE_CHECKING:

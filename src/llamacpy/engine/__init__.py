@@ -6,15 +6,16 @@ The names are imported on first use (``from llamacpy.engine import Context``), s
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_names
 
 _NAMES = {
     "Batch": "batch",
     "BatchError": "batch",
     "UBatch": "batch",
     "Context": "context",
-    "generate": "generate",
+    "generate": "greedy",
     "KVCache": "kv_cache",
     "KVCacheFullError": "kv_cache",
     "ContextParams": "params",
@@ -32,22 +33,12 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _NAMES.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_NAMES})
+__getattr__, __dir__ = lazy_names(__name__, _NAMES)
 
 
 if TYPE_CHECKING:
     from .batch import Batch, BatchError, UBatch
     from .context import Context
-    from .generate import generate
+    from .greedy import generate
     from .kv_cache import KVCache, KVCacheFullError
     from .params import ContextParams
