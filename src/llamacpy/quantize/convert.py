@@ -182,6 +182,7 @@ class Pipeline:
         self.pending: dict[int, tuple[Any, list[Future[Any]]]] = {}
         self.next_submit = 0
         self.in_flight = 0
+        self.compiled: set[tuple[Any, bool]] = set()  # (target type, with imatrix)
 
     def _submit_until(self, index: int) -> None:
         while self.next_submit < len(self.jobs) and (
@@ -193,7 +194,14 @@ class Pipeline:
                 self.pending[self.next_submit - 1] = (None, [self.pool.submit(_copy, job)])
                 continue
             out = _new_output(job)
-            futures = [self.pool.submit(_convert_rows, job, out, *p) for p in chunks(job)]
+            pieces = chunks(job)
+            key = (job.target, job.imatrix is not None)
+            if key not in self.compiled:
+                # the first row here: the format's kernels compile (or load) on this thread,
+                # not in several workers at once
+                _convert_rows(job, out, pieces[0][0], 1, pieces[0][2])
+                self.compiled.add(key)
+            futures = [self.pool.submit(_convert_rows, job, out, *p) for p in pieces]
             self.pending[self.next_submit - 1] = (out, futures)
             self.in_flight += out.nbytes
 
