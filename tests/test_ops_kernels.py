@@ -117,23 +117,25 @@ def test_attention_matches_twin(kv_type: int, mode: int) -> None:
         attention.attention_rows(
             0, 1, n, n_kv, *args, kv_type, rb, q, *kv, mask, out, qv, qq, vb, res
         )
-    elif mode == 1:
-        attention.attention_tiled(
-            0,
-            1,
-            n,
-            n_kv,
-            *args,
-            rb,
-            q,
-            *kv,
-            mask,
-            out,
-            np.zeros((hd, 64), F32),
-            np.zeros((64, hd), F32),
-            np.zeros(64, F32),
-            np.zeros(32, F32),
-        )
+    elif mode == 1:  # softmax states for one query head at a time, then for the group
+        for n_states in (32, 32 * (nh // nkv)):
+            attention.attention_tiled(
+                0,
+                1,
+                n,
+                n_kv,
+                *args,
+                rb,
+                q,
+                *kv,
+                mask,
+                out,
+                np.zeros((hd, 64), F32),
+                np.zeros((64, hd), F32),
+                np.zeros(64, F32),
+                np.zeros(n_states, F32),
+            )
+            np.testing.assert_allclose(out.reshape(n, nh, hd), want, rtol=0, atol=1e-5)
     else:  # the two phases of the split, threads played one after the other
         pm, ps, pv = (
             np.zeros((nh, nth), F32),

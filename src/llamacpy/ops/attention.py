@@ -452,47 +452,52 @@ def attention_tiled(
     st,
 ):
     """Ubatches of 64 tokens and more: work items are (KV head, block of 16 tokens), dealt
-    round-robin (later blocks see more cells); each tile of cells is loaded once for the
-    ``gqa`` query heads sharing the KV head. Every query row still sees the tiles in cell
-    order, so its numerics do not depend on the grouping. ``st``: 32 * ``gqa`` floats."""
+    round-robin (later blocks see more cells); each tile of cells is loaded once for as many
+    of the ``gqa`` query heads sharing the KV head as ``st`` holds softmax states for (32
+    floats each: 32 * ``gqa`` loads every tile once). Every query row still sees the tiles
+    in cell order, so its numerics do not depend on the grouping."""
     nb = (n_tok + 15) // 16
     n_kv_head = n_head // gqa
+    gfit = max(1, min(gqa, st.shape[0] // 32))
     for i in range(tid, n_kv_head * nb, nth):
         hk, blk = i % n_kv_head, i // n_kv_head
         q0, q1 = 16 * blk, min(16 * blk + 16, n_tok)
-        for g in range(gqa):
-            h = hk * gqa + g
-            for t in range(q0, q1):
-                ATT[t, h * hd : (h + 1) * hd] = 0
-                s = 32 * g + 2 * (t - q0)
-                st[s] = -np.inf
-                st[s + 1] = 0
         ho = lbase + hk * hstride
-        for c0 in range(0, n_kv, TILE):
-            n = min(TILE, n_kv - c0)
-            visible = False
-            for t in range(q0, q1):
-                for c in range(c0, c0 + n):
-                    if mask[t, c] != 0:
-                        visible = True
-                        break
-                if visible:
-                    break
-            if not visible:
-                continue
-            load_tile(kc, vc, ho, ho, rowb, kv_type, hd, c0, n, kt, vt)
-            for g in range(gqa):
+        for g0 in range(0, gqa, gfit):
+            g1 = min(gqa, g0 + gfit)
+            for g in range(g0, g1):
                 h = hk * gqa + g
                 for t in range(q0, q1):
-                    s = 32 * g + 2 * (t - q0)
-                    attend_tile(
-                        Q[t], h * hd, hd, kt, vt, mask[t], 0, c0, n, scale, st[s : s + 2],
-                        ATT[t, h * hd :], pt,
-                    )  # fmt: skip
-        for g in range(gqa):
-            h = hk * gqa + g
-            for t in range(q0, q1):
-                finish_row(ATT[t, h * hd :], hd, st[32 * g + 2 * (t - q0) + 1], ATT[t], h * hd)
+                    ATT[t, h * hd : (h + 1) * hd] = 0
+                    s = 32 * (g - g0) + 2 * (t - q0)
+                    st[s] = -np.inf
+                    st[s + 1] = 0
+            for c0 in range(0, n_kv, TILE):
+                n = min(TILE, n_kv - c0)
+                visible = False
+                for t in range(q0, q1):
+                    for c in range(c0, c0 + n):
+                        if mask[t, c] != 0:
+                            visible = True
+                            break
+                    if visible:
+                        break
+                if not visible:
+                    continue
+                load_tile(kc, vc, ho, ho, rowb, kv_type, hd, c0, n, kt, vt)
+                for g in range(g0, g1):
+                    h = hk * gqa + g
+                    for t in range(q0, q1):
+                        s = 32 * (g - g0) + 2 * (t - q0)
+                        attend_tile(
+                            Q[t], h * hd, hd, kt, vt, mask[t], 0, c0, n, scale, st[s : s + 2],
+                            ATT[t, h * hd :], pt,
+                        )  # fmt: skip
+            for g in range(g0, g1):
+                h = hk * gqa + g
+                for t in range(q0, q1):
+                    s = 32 * (g - g0) + 2 * (t - q0) + 1
+                    finish_row(ATT[t, h * hd :], hd, st[s], ATT[t], h * hd)
 
 
 # ----------------------------------------------------------------------------- K shift
