@@ -18,11 +18,18 @@ from llamacpy.cli.chat import read_message
 LAUNCH = "import sys; from llamacpy import cli; sys.exit(cli.main(sys.argv[1:]))"
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Pty:
     def __init__(self, args: list[str]) -> None:
         self.master, slave = pty.openpty()
+        # Ctrl-C as a terminal delivers it, whatever this process inherited (a background
+        # job of a non-interactive shell starts with SIGINT ignored, and so would the child)
         self.proc = subprocess.Popen([sys.executable, "-c", LAUNCH, *args], stdin=slave,
-                                     stdout=slave, stderr=subprocess.PIPE, close_fds=True)  # fmt: skip
+                                     stdout=slave, stderr=subprocess.PIPE, close_fds=True,
+                                     preexec_fn=_default_sigint)  # fmt: skip
         os.close(slave)
         self.buf = b""
 
