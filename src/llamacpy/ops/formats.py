@@ -331,7 +331,7 @@ def _repack_mapped(raw, chunks, jobs, first, ops_all, out, advise, base, ctl, c0
 
 
 def repack_plan(items, out_size: int):
-    """``(jobs, first, ops)`` for :func:`_repack_mapped` from ``items`` = ``(source offset,
+    """``(jobs, first, ops)`` for :func:`_repack_mapped` (and ``_repack_jobs``) from ``items`` = ``(source offset,
     type, nrows, ncols, destination offset)`` (checked against ``out_size`` bytes)."""
     jobs = np.zeros((len(items), 8), np.int64)
     first = np.zeros(len(items) + 1, np.int64)
@@ -379,21 +379,11 @@ def repack(raw: np.ndarray, t: GGMLType | int, nrows: int, ncols: int, out=None)
 def repack_many(raw: np.ndarray, items, out: np.ndarray) -> None:
     """Repack several tensors of one byte buffer in one parallel call (one launch, not one
     per tensor). ``items``: ``(source offset, type, nrows, ncols, destination offset)``."""
-    jobs = np.zeros((len(items), 8), np.int64)
-    ops: list[np.ndarray] = []
-    n_ops = 0
-    for i, (so, t, nrows, ncols, do) in enumerate(items):
-        lay = layout(t)
-        _check(raw[so:], lay, nrows, ncols)
-        size = repacked_nbytes(t, nrows, ncols)
-        if do < 0 or do + size > out.size:
-            raise ModelError(f"repack destination [{do}, {do + size}) is outside {out.size} bytes")
-        o = lay.ops_array
-        jobs[i] = (so, nrows, ncols // lay.qk, lay.src_bytes, lay.dst_bytes, n_ops, len(o), do)
-        ops.append(o)
-        n_ops += len(o)
+    for so, t, nrows, ncols, _ in items:
+        check_tensor(raw[so:].size, t, nrows, ncols)
+    jobs, _, ops = repack_plan(items, out.size)
     if len(items):
-        _repack_jobs(raw, jobs, np.concatenate(ops), out)
+        _repack_jobs(raw, jobs, ops, out)
 
 
 # ----------------------------------------------------------------------------- numpy twin
