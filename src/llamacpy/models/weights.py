@@ -64,12 +64,10 @@ class TensorSource:
         (ctypes drops the GIL, so populating pages does not stall the other threads)."""
         fn = _libc_madvise()
         if fn:
-            view = self._views.get(shard)
-            if view is None:
-                view = self._views[shard] = np.frombuffer(self._maps[shard], np.uint8)
+            view, base = self.whole(shard)
             length = min(length, view.size - start)
             if length > 0:
-                fn(view.ctypes.data + start, length, advice)  # failures: pages fault in lazily
+                fn(base + start, length, advice)  # failures: pages fault in lazily
             return
         try:
             self._maps[shard].madvise(advice, start, length)
@@ -88,10 +86,7 @@ class TensorSource:
         in one call, or a fresh array read from the file)."""
         path = self.model.paths[shard]
         if self.use_mmap:
-            mm = self._maps.get(shard)
-            if mm is None:
-                with open(path, "rb") as f:
-                    mm = self._maps[shard] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            mm = self._map(shard)
             start = offset - offset % _PAGE
             # the caller reads all of it right away: fault it in with one call
             self._advise(shard, start, offset + nbytes - start, _MADV_POPULATE_READ)
@@ -105,14 +100,18 @@ class TensorSource:
             raise ModelError(f"{path}: truncated data at byte {offset} ({nbytes} bytes)")
         return buf
 
+    def _map(self, shard: int) -> mmap.mmap:
+        mm = self._maps.get(shard)
+        if mm is None:
+            with open(self.model.paths[shard], "rb") as f:
+                mm = self._maps[shard] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        return mm
+
     def whole(self, shard: int) -> tuple[np.ndarray, int]:
         """A mapped shard as one read-only array (no page faulted in yet) and its address."""
-        if shard not in self._maps:
-            with open(self.model.paths[shard], "rb") as f:
-                self._maps[shard] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         view = self._views.get(shard)
         if view is None:
-            view = self._views[shard] = np.frombuffer(self._maps[shard], np.uint8)
+            view = self._views[shard] = np.frombuffer(self._map(shard), np.uint8)
         return view, view.ctypes.data
 
     def release(self, info: TensorInfo) -> None:
