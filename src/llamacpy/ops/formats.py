@@ -241,20 +241,51 @@ def _repack_op(raw, s, out, d, r, kind, n, e):
 
 @njit(cache=True, inline="always")
 def _repack_group(raw, so0, nrows, nblk, src_bytes, dst_bytes, ops, out, do0, g, zero):
-    """Row group ``g`` of one tensor: source rows at ``raw[so0:]``, group blocks to ``out[do0:]``."""
+    """Row group ``g`` of one tensor: source rows at ``raw[so0:]``, group blocks to ``out[do0:]``.
+
+    Field by field. In a full group the byte arrays (the bulk of every format) are moved one
+    destination vector at a time (its 16 lanes are the 16 rows: a loop of constant length
+    LLVM unrolls), and 2-byte per-row fields by pairs; ~6x the throughput of one generic
+    :func:`_repack_op` per row and block. Other fields and a last, partial group go through
+    :func:`_repack_op` (padding rows repack a zero block)."""
     row_bytes = nblk * src_bytes
-    for k in range(ops.shape[0]):  # field by field: tight inner loops
+    full = (g + 1) * 16 <= nrows
+    for k in range(ops.shape[0]):
         kind, so, n, do, e = ops[k, 0], ops[k, 1], ops[k, 2], ops[k, 3], ops[k, 4]
-        for b in range(nblk):
-            dst = do0 + (g * nblk + b) * dst_bytes + do
-            for r in range(16):
-                row = g * 16 + r
-                if row < nrows:
-                    _repack_op(
-                        raw, so0 + row * row_bytes + b * src_bytes + so, out, dst, r, kind, n, e
-                    )
-                else:  # padding rows repack a zero block
-                    _repack_op(zero, so, out, dst, r, kind, n, e)
+        if full and (kind == CHUNK4 or kind == XOR80 or (kind == T and e == 4)):  # noqa: SIM109 (numba)
+            x = np.uint32(0x80808080 if kind == XOR80 else 0)
+            for b in range(nblk):
+                dst = do0 + (g * nblk + b) * dst_bytes + do
+                src = so0 + g * 16 * row_bytes + b * src_bytes + so
+                for c in range(n // 4):
+                    for r in range(16):
+                        v = load_u32(raw, src + r * row_bytes + 4 * c) ^ x
+                        store_u32(out, dst + (c * 16 + r) * 4, v)
+        elif full and kind == T and (e == 2 or e == 1):  # f16/bf16 weights, int8 sub-scales
+            for b in range(nblk):
+                dst = do0 + (g * nblk + b) * dst_bytes + do
+                src = so0 + g * 16 * row_bytes + b * src_bytes + so
+                for i in range(n // e):
+                    for r in range(16):
+                        out[dst + (i * 16 + r) * e] = raw[src + r * row_bytes + i * e]
+                        if e == 2:
+                            out[dst + (i * 16 + r) * 2 + 1] = raw[src + r * row_bytes + i * 2 + 1]
+        elif full and kind == ROWS and n == 2:
+            for b in range(nblk):
+                dst = do0 + (g * nblk + b) * dst_bytes + do
+                src = so0 + g * 16 * row_bytes + b * src_bytes + so
+                for r in range(16):
+                    out[dst + 2 * r] = raw[src + r * row_bytes]
+                    out[dst + 2 * r + 1] = raw[src + r * row_bytes + 1]
+        else:
+            for b in range(nblk):
+                dst = do0 + (g * nblk + b) * dst_bytes + do
+                for r in range(16):
+                    if g * 16 + r < nrows:
+                        src = so0 + (g * 16 + r) * row_bytes + b * src_bytes + so
+                        _repack_op(raw, src, out, dst, r, kind, n, e)
+                    else:
+                        _repack_op(zero, so, out, dst, r, kind, n, e)
 
 
 @njit(cache=True, parallel=True, nogil=True)
