@@ -143,15 +143,13 @@ def iteration_order(buf, offsets, steps):  # pragma: no cover - numba
     return order[:k]
 
 
-def map_order_ranks(tokens: list[str]) -> np.ndarray | None:
+def map_order_ranks(buf: np.ndarray, offsets: np.ndarray) -> np.ndarray | None:
     """Position of each id in llama.cpp's map iteration (None if the vocabulary is larger
-    than the known bucket sequence)."""
-    from ._intern import join_bytes
-
-    if len(tokens) >= BUCKET_STEPS[-1, 0]:
+    than the known bucket sequence); the tokens' bytes as ``_intern.join_bytes`` gives them."""
+    n = offsets.shape[0] - 1
+    if n >= BUCKET_STEPS[-1, 0]:
         return None
-    buf, offsets = join_bytes(tokens)
     order = iteration_order(buf, offsets, BUCKET_STEPS)
-    rank = np.empty(len(tokens), dtype=np.int64)
+    rank = np.empty(n, dtype=np.int64)
     rank[order] = np.arange(order.shape[0])
     return rank

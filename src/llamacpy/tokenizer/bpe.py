@@ -32,7 +32,7 @@ class BPEModel:
         self.byte_encode = vocab.pre.byte_encode
         self.ignore_merges = vocab.ignore_merges
         self.gemma4 = vocab.pre.type == "GEMMA4"
-        tok_buf, tok_off = join_bytes(vocab.tokens)
+        tok_buf, tok_off = vocab.token_bytes_joined()
         m_buf, m_off = join_bytes(vocab.merges)
         extra = list(uni.bytes_to_unicode()) if self.byte_encode else []
         x_buf, x_off = join_bytes(extra)

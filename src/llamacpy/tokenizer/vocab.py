@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from ..gguf.constants import GGUFValueType
+from ._intern import join_bytes
 from .errors import TokenizerError
 from .pretokenize import PreTokenizer, pre_tokenizer
 
@@ -182,8 +184,22 @@ class Vocab:
     eog_ids: frozenset[int] = frozenset()
     special_tokens: list[int] = field(default_factory=list)  # parse order
     precompiled_charsmap: bytes = b""
-    max_token_len: int = 0
     suppress_tokens: list[int] = field(default_factory=list)
+    # the tokens' UTF-8 (surrogateescape) bytes as (buffer, offsets), see ``join_bytes``;
+    # computed on first use when not given
+    token_bytes: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
+
+    def token_bytes_joined(self) -> tuple[np.ndarray, np.ndarray]:
+        """(buffer, offsets): token i's bytes are ``buffer[offsets[i]:offsets[i + 1]]``."""
+        if self.token_bytes is None:
+            self.token_bytes = join_bytes(self.tokens)
+        return self.token_bytes
+
+    @property
+    def max_token_len(self) -> int:
+        """The longest token's length in bytes."""
+        offsets = self.token_bytes_joined()[1]
+        return int(np.diff(offsets).max()) if offsets.shape[0] > 1 else 0
 
     @property
     def n_tokens(self) -> int:
@@ -247,7 +263,10 @@ def _load(md: Mapping[str, Any]) -> Vocab:
             if pre_name != "kimi-k2" or model == "gemma4":
                 raise TokenizerError("cannot find tokenizer merges in model file")
             merges = []
-        elif not isinstance(merges, list) or not all(isinstance(m, str) for m in merges):
+        elif not isinstance(merges, list) or not (
+            getattr(merges, "elem_type", None) == GGUFValueType.STRING  # read from a file
+            or all(isinstance(m, str) for m in merges)
+        ):
             raise TokenizerError(f"invalid type for {KV}merges")
         if model == "gpt2":
             special.update(bos=11, eos=11)
@@ -347,7 +366,7 @@ def _load(md: Mapping[str, Any]) -> Vocab:
     token_to_id = dict(zip(tokens, range(n), strict=True))
     if len(token_to_id) != n:
         raise TokenizerError(f"the vocabulary has duplicate token texts ({n - len(token_to_id)})")
-    max_token_len = max((len(t.encode("utf-8", "surrogateescape")) for t in tokens), default=0)
+    token_bytes = join_bytes(tokens)
 
     defaults = {k: (v if v < n else NULL) for k, v in special.items()}
     # special token ids from metadata
@@ -390,7 +409,7 @@ def _load(md: Mapping[str, Any]) -> Vocab:
     if sup is not None:
         suppress = [int(x) for x in np.asarray(sup) if 0 <= int(x) < n]
 
-    _autodetect(tokens, token_to_id, attrs, special)
+    _autodetect(tokens, token_bytes, token_to_id, attrs, special)
     eog = _eog(tokens, token_to_id, attrs, special)
 
     special_tokens = [
@@ -426,12 +445,18 @@ def _load(md: Mapping[str, Any]) -> Vocab:
         eog_ids=frozenset(eog),
         special_tokens=special_tokens,
         precompiled_charsmap=precompiled,
-        max_token_len=max_token_len,
+        token_bytes=token_bytes,
         suppress_tokens=suppress,
     )
 
 
-def _autodetect(tokens: list[str], t2i: dict[str, int], attrs: np.ndarray, sp: dict) -> None:
+def _autodetect(
+    tokens: list[str],
+    token_bytes: tuple[np.ndarray, np.ndarray],
+    t2i: dict[str, int],
+    attrs: np.ndarray,
+    sp: dict,
+) -> None:
     """Find eot/eom/fim tokens by their text when the metadata does not name them.
 
     With several candidates llama.cpp takes the first one its token map iterates over;
@@ -448,7 +473,7 @@ def _autodetect(tokens: list[str], t2i: dict[str, int], attrs: np.ndarray, sp: d
             if order_of is None:
                 from ._hashorder import map_order_ranks
 
-                order_of = map_order_ranks(tokens)
+                order_of = map_order_ranks(*token_bytes)
             tid = min(found, key=order_of.__getitem__) if order_of is not None else min(found)
         else:
             tid = found[0]
