@@ -10,6 +10,7 @@ import llamacpy
 # top-level module or package -> layer
 LAYERS = {
     "_lazy": 0,
+    "_startup": 0,
     "errors": 0,
     "fileio": 0,
     "gguf": 0,

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._startup import gc_paused, resume_gc
 from ..engine.params import ContextParams
 from ..errors import UsageError
 from ..gguf import GGUFModelFile
@@ -177,7 +178,7 @@ def load_model(
     model hyper-parameters needs engine support and is refused rather than ignored.
     """
     t0 = time.perf_counter()
-    with GGUFModelFile(resolve_model(model_path)) as mf:  # parsed once, for both
+    with gc_paused(), GGUFModelFile(resolve_model(model_path)) as mf:  # parsed once, for both
         arch = mf.get("general.architecture")
         for k in kv_overrides or {}:
             if k.startswith(f"{arch}."):
@@ -192,4 +193,5 @@ def load_model(
 
         ctx = Context(params=params, model=model)
         info, tokenizer = ModelInfo.from_file(mf, kv_overrides)
+    resume_gc()  # the console command's start-up ends here
     return LoadedModel(info, tokenizer, ctx, time.perf_counter() - t0)

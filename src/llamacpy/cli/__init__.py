@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from .. import __version__
+from .._startup import pause_gc, resume_gc
 from ..errors import LlamacpyError
 
 # subcommand modules, in help order
@@ -31,6 +32,9 @@ SUBCOMMANDS = [
     "embed",
     "convert",
 ]
+# commands whose start-up ends when their model has loaded (``api.model.load_model`` turns
+# the collector back on); the others get it back before they run
+_START_WITH_MODEL = {"run", "chat", "perplexity"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -63,6 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return 2
+    if args.command not in _START_WITH_MODEL:
+        resume_gc()
     try:
         return int(args.func(args) or 0)
     except LlamacpyError as e:
@@ -85,7 +91,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def entry() -> None:
     """The ``llamacpy`` console command: :func:`main`, then exit without tearing the
     interpreter down (freeing every module and the compiled kernels one by one takes about
-    0.1 s and has no effect a command could need: output is flushed, exit handlers run)."""
+    0.1 s and has no effect a command could need: output is flushed, exit handlers run).
+    Start-up runs without the cyclic garbage collector (see :mod:`llamacpy._startup`)."""
+    pause_gc()
     try:
         rc = main()
     except SystemExit as e:  # argparse's --help / usage errors
