@@ -1,0 +1,79 @@
+"""Start-up without the cyclic collector: the console command turns it off and always gets it
+back (frozen start-up objects), a library load restores the caller's setting."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+from llamacpy import _startup
+from llamacpy.api.model import load_model
+from llamacpy.cli import main
+from llamacpy.engine import ContextParams
+from llamacpy.gguf import GGMLType
+from llamacpy.models.tiny import write_tiny_llama
+
+
+@pytest.fixture
+def collector():
+    """Leave the collector as it was (enabled, nothing frozen) whatever a test does."""
+    was = gc.isenabled()
+    yield
+    _startup._paused = False
+    gc.unfreeze()
+    if was:
+        gc.enable()
+    else:
+        gc.disable()
+
+
+def test_pause_then_resume_freezes_and_enables(collector):
+    gc.enable()
+    _startup.pause_gc()
+    assert not gc.isenabled()
+    _startup.resume_gc()
+    assert gc.isenabled() and gc.get_freeze_count() > 0
+    gc.unfreeze()
+    _startup.resume_gc()  # a second call does nothing
+    assert gc.get_freeze_count() == 0
+
+
+def test_resume_leaves_a_collector_it_did_not_pause(collector):
+    gc.disable()
+    _startup.pause_gc()  # already off: not ours to turn back on
+    _startup.resume_gc()
+    assert not gc.isenabled() and gc.get_freeze_count() == 0
+
+
+def test_gc_paused_restores_the_previous_state(collector):
+    for before in (True, False):
+        (gc.enable if before else gc.disable)()
+        with _startup.gc_paused():
+            assert not gc.isenabled()
+        assert gc.isenabled() == before
+
+
+def test_command_without_a_model_gets_the_collector_back(collector, capsys):
+    gc.enable()
+    _startup.pause_gc()
+    assert main(["models", "list"]) == 0
+    assert gc.isenabled()
+
+
+def test_model_load_ends_start_up(collector, tmp_path, monkeypatch):
+    import llamacpy.api.model as api_model
+
+    path = tmp_path / "tiny.gguf"
+    write_tiny_llama(path, GGMLType.Q8_0)
+    seen = []
+
+    def resume() -> None:
+        seen.append(gc.isenabled())  # off during the load
+        _startup.resume_gc()
+
+    monkeypatch.setattr(api_model, "resume_gc", resume)
+    gc.enable()
+    _startup.pause_gc()
+    load_model(path, ContextParams(n_ctx=64, n_threads=1))
+    assert seen == [False] and gc.isenabled() and gc.get_freeze_count() > 0
