@@ -504,6 +504,19 @@ def test_validation_of_blocks() -> None:
     assert "infinity" in invalid_data(GGMLType.BF16, bf)
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_validation_counts_nans_and_infinities_of_either_sign(dtype) -> None:
+    from llamacpy.quantize.validate import _count
+
+    x = np.array([0.0, -0.0, 1.5, -2.0, np.finfo(dtype).max, np.finfo(dtype).smallest_subnormal,
+                  -np.finfo(dtype).max], dtype)  # fmt: skip
+    assert _count(x) == (0, 0)
+    assert _count(x[:0]) == (0, 0)
+    y = np.concatenate([x, np.array([np.nan, -np.nan, np.inf, -np.inf, np.nan], dtype)])
+    assert _count(y) == (3, 2)
+    assert _count(y[::2]) == (int(np.isnan(y[::2]).sum()), int(np.isinf(y[::2]).sum()))
+
+
 def test_requantize_rules(tmp_path: Path) -> None:
     src = tmp_path / "q8.gguf"
     _tiny_model(src, dtype=GGMLType.Q8_0)

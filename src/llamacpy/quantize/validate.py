@@ -10,11 +10,22 @@ import numpy as np
 
 from ..gguf.constants import GGMLType
 
+# float size -> (same-size unsigned type, magnitude mask, bits of +inf)
+_BITS = {
+    2: (np.uint16, 0x7FFF, 0x7C00),
+    4: (np.uint32, 0x7FFF_FFFF, 0x7F80_0000),
+    8: (np.uint64, 0x7FFF_FFFF_FFFF_FFFF, 0x7FF0_0000_0000_0000),
+}
+
 
 def _count(values: np.ndarray) -> tuple[int, int]:
-    nans = int(np.count_nonzero(np.isnan(values)))
-    infs = int(np.count_nonzero(np.isinf(values)))
-    return nans, infs
+    """(NaNs, infinities) among float values, from their bits: one integer pass when all are
+    finite (numpy's float16 ``isnan``/``isinf`` on a strided block field are ~10x slower)."""
+    ut, mask, inf = _BITS[values.dtype.itemsize]
+    mag = values.view(ut) & ut(mask)
+    if mag.size == 0 or mag.max() < inf:
+        return 0, 0
+    return int(np.count_nonzero(mag > inf)), int(np.count_nonzero(mag == inf))
 
 
 def invalid_data(t: GGMLType, raw: np.ndarray) -> str | None:
