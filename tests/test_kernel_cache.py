@@ -155,3 +155,55 @@ def test_the_runtime_library_is_cached_and_works(tmp_path: Path) -> None:
     for f in tmp_path.glob("nrt-*.bin"):  # a damaged file is compiled again, not trusted
         f.write_bytes(b"garbage")
     assert run() == "10000 True"
+
+
+_ENV_RUN = r"""
+import sys
+from pathlib import Path
+import numpy as np
+from llamacpy import kernel_cache
+pkg = Path(sys.argv[1])
+kernel_cache._KERNEL_DIRS = (pkg,)
+sys.path.insert(0, str(pkg.parent))
+from ops import kernel
+out = [kernel.sorted_sum(5)]
+if sys.argv[2] == "load":
+    import numba
+    out.append("numba.np.arrayobj" in sys.modules)  # not imported to load the kernel
+    @numba.njit
+    def fresh(n):  # compiled now: needs numba's array helpers, maybe the same environments
+        return np.sort(np.arange(n)[::-1] * 2.0)[1]
+    out += [fresh(4), kernel.sorted_sum(5), "numba.np.arrayobj" in sys.modules]
+print(*out)
+"""
+
+
+def test_cached_kernels_load_without_importing_numba_helpers(tmp_path: Path) -> None:
+    """Loading a cached kernel whose environments name numba modules not imported yet does
+    not import them (stand-in globals); a later compilation still works, and the kernel
+    still runs."""
+    import subprocess
+    import sys
+
+    pkg = tmp_path / "ops"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "kernel.py").write_text(
+        "import numpy as np\nfrom numba import njit\n\n"
+        "@njit(cache=True)\ndef sorted_sum(n):\n"
+        "    a = np.sort(np.arange(n)[::-1].astype(np.float64))\n"
+        "    return a[0] + a[-1] * 10\n"
+    )
+
+    def run(mode: str) -> list[str]:
+        p = subprocess.run(
+            [sys.executable, "-c", _ENV_RUN, str(pkg), mode],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert p.returncode == 0, p.stderr[-3000:]
+        return p.stdout.split()
+
+    assert run("compile") == ["40.0"]
+    assert run("load") == ["40.0", "False", "2.0", "40.0", "True"]

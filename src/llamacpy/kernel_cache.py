@@ -14,16 +14,18 @@ skips numba's full context refresh (see :func:`_load_overload`), which halves st
 from __future__ import annotations
 
 import hashlib
+import importlib
 import os
 import pickle
 import re
 import struct
+import sys
 import threading
 from functools import cache
 from pathlib import Path
 
 import llvmlite.binding as ll
-from numba.core import caching, config
+from numba.core import caching, config, environment
 from numba.core import codegen as codegen_mod
 from numba.core.runtime import nrtdynmod, rtsys
 
@@ -286,6 +288,45 @@ def _cached_nrt_functions(ctx):
     return library
 
 
+_numba_rebuild_env = environment._rebuild_env
+_numba_env_from_fndesc = environment.Environment.from_fndesc.__func__
+_ENV_STUBS: dict[str, tuple[str, dict]] = {}  # env name -> (module, stand-in globals)
+
+
+def _rebuild_env(modname, consts, env_name):
+    """numba's rebuild of a cached function's environment, without importing a numba module
+    not imported yet. A kernel's pickled environments name the numba modules whose helpers
+    it inlined (array allocation, sorting, lists); numba imports each to take its globals:
+    ~27 ms of module imports for ``llamacpy run``'s kernels. Compiled nopython code reads
+    only an environment's constants, never its globals (those serve object mode and the
+    next compilation), so while our kernels load such an environment gets a stand-in
+    globals dict, filled from the module if a compilation later asks for it."""
+    if (
+        getattr(_LOADING, "on", False)
+        and modname.startswith("numba.")
+        and (modname not in sys.modules)
+    ):
+        env = environment.lookup_environment(env_name)
+        if env is None:
+            stand_in = {"__name__": modname}
+            env = environment.Environment(stand_in)
+            env.consts[:] = consts
+            env.env_name = env_name
+            environment.Environment._memo[env_name] = env
+            _ENV_STUBS[env_name] = (modname, stand_in)
+        return env
+    return _numba_rebuild_env(modname, consts, env_name)
+
+
+def _env_from_fndesc(cls, fndesc):
+    """numba's environment for a function being compiled; a stand-in made while loading
+    gets its module's real globals first."""
+    stub = _ENV_STUBS.pop(fndesc.env_name, None)
+    if stub is not None:
+        stub[1].update(importlib.import_module(stub[0]).__dict__)
+    return _numba_env_from_fndesc(cls, fndesc)
+
+
 _numba_load_index = caching.IndexDataCacheFile._load_index
 
 
@@ -305,6 +346,8 @@ def install() -> None:
     _KERNEL_LOCATORS = (_InTreeKernelLocator, _UserWideKernelLocator)
     caching.Cache.load_overload = _load_overload
     caching.IndexDataCacheFile._load_index = _load_index
+    environment._rebuild_env = _rebuild_env  # what unpickling an environment calls
+    environment.Environment.from_fndesc = classmethod(_env_from_fndesc)
     lib = codegen_mod.CPUCodeLibrary
     if lib._get_module_for_linking is _numba_module_for_linking:
         lib._unserialize = classmethod(_lazy_unserialize)
