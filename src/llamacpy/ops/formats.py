@@ -299,14 +299,7 @@ def _repack_jobs(raw, jobs, ops_all, out):
         first[j + 1] = first[j] + (jobs[j, 1] + 15) // 16
     zero = np.zeros(4096, dtype=np.uint8)
     for w in prange(first[n]):
-        j = np.searchsorted(first, w, side="right") - 1
-        so0, nrows, nblk, sb, db, o0, no, do0 = (
-            jobs[j, 0], jobs[j, 1], jobs[j, 2], jobs[j, 3], jobs[j, 4], jobs[j, 5], jobs[j, 6],
-            jobs[j, 7],
-        )  # fmt: skip
-        _repack_group(
-            raw, so0, nrows, nblk, sb, db, ops_all[o0 : o0 + no], out, do0, w - first[j], zero
-        )
+        _repack_item(raw, jobs, first, ops_all, out, w, zero)
 
 
 def check_tensor(
@@ -329,6 +322,19 @@ def _advise(fn, addr, n, advice):
     return fn(addr, n, np.int32(advice))
 
 
+@njit(cache=True, inline="always")
+def _repack_item(raw, jobs, first, ops_all, out, w, zero):
+    """Work item ``w`` (a tensor's row group; ``first[j]`` = job ``j``'s first item)."""
+    j = np.searchsorted(first, w, side="right") - 1
+    so0, nrows, nblk, sb, db, o0, no, do0 = (
+        jobs[j, 0], jobs[j, 1], jobs[j, 2], jobs[j, 3], jobs[j, 4], jobs[j, 5],
+        jobs[j, 6], jobs[j, 7],
+    )  # fmt: skip
+    _repack_group(
+        raw, so0, nrows, nblk, sb, db, ops_all[o0 : o0 + no], out, do0, w - first[j], zero
+    )
+
+
 @njit(cache=True, parallel=True, nogil=True)
 def _repack_mapped(raw, chunks, jobs, first, ops_all, out, advise, base, ctl, c0, nth):
     """Repack a mapped file chunk by chunk, from chunk ``c0``, with no Python and no GIL
@@ -345,18 +351,30 @@ def _repack_mapped(raw, chunks, jobs, first, ops_all, out, advise, base, ctl, c0
             _advise(advise, base + p0, plen, ctl[1])
         w0 = first[j0]
         for w in prange(first[j1] - w0):
-            j = np.searchsorted(first, w0 + w, side="right") - 1
-            so0, nrows, nblk, sb, db, o0, no, do0 = (
-                jobs[j, 0], jobs[j, 1], jobs[j, 2], jobs[j, 3], jobs[j, 4], jobs[j, 5],
-                jobs[j, 6], jobs[j, 7],
-            )  # fmt: skip
-            _repack_group(
-                raw, so0, nrows, nblk, sb, db, ops_all[o0 : o0 + no], out, do0,
-                w0 + w - first[j], zero,
-            )  # fmt: skip
+            _repack_item(raw, jobs, first, ops_all, out, w0 + w, zero)
         if base != 0:
             _advise(advise, base + p0, plen, ctl[2])
         if ctl[0] != 0 and ctl[3] != nth:
+            return c + 1
+    return chunks.shape[0]
+
+
+@njit(cache=True, nogil=True)
+def _repack_mapped_1(raw, chunks, jobs, first, ops_all, out, advise, base, ctl, c0):
+    """:func:`_repack_mapped` on the calling thread alone, until ``ctl[0]`` is set. Not a
+    parallel kernel: launching each parallel region takes the GIL, so a one-thread parallel
+    copy in the background waited for the caller's Python code at every chunk (a 48 ms copy
+    took 133 ms beside ``llamacpy run``'s start-up)."""
+    zero = np.zeros(4096, dtype=np.uint8)
+    for c in range(c0, chunks.shape[0]):
+        p0, plen, j0, j1 = chunks[c, 0], chunks[c, 1], chunks[c, 2], chunks[c, 3]
+        if base != 0:
+            _advise(advise, base + p0, plen, ctl[1])
+        for w in range(first[j0], first[j1]):
+            _repack_item(raw, jobs, first, ops_all, out, w, zero)
+        if base != 0:
+            _advise(advise, base + p0, plen, ctl[2])
+        if ctl[0] != 0:
             return c + 1
     return chunks.shape[0]
 
@@ -389,7 +407,10 @@ def repack_mapped(raw, chunks, items, out, advise, base: int, ctl) -> None:
     jobs, first, ops = repack_plan(items, out.size)
     c = 0
     while c < len(chunks):
-        nth = int(ctl[3]) if ctl[0] else 1
+        if not ctl[0]:
+            c = _repack_mapped_1(raw, chunks, jobs, first, ops, out, advise, base, ctl, c)
+            continue
+        nth = int(ctl[3])
         numba.set_num_threads(nth)
         c = _repack_mapped(raw, chunks, jobs, first, ops, out, advise, base, ctl, c, nth)
 
