@@ -4,7 +4,9 @@ back (frozen start-up objects), a library load restores the caller's setting."""
 from __future__ import annotations
 
 import gc
+import mmap
 
+import numpy as np
 import pytest
 
 from llamacpy import _startup
@@ -77,3 +79,34 @@ def test_model_load_ends_start_up(collector, tmp_path, monkeypatch):
     _startup.pause_gc()
     load_model(path, ContextParams(n_ctx=64, n_threads=1))
     assert seen == [False] and gc.isenabled() and gc.get_freeze_count() > 0
+
+
+def test_reserved_memory_is_taken_once_and_only_if_large_enough(monkeypatch):
+    monkeypatch.setattr(_startup, "_reserve", None)
+    _startup.reserve_memory(1 << 20)  # under the minimum: ignored
+    assert _startup.take_memory(1) is None
+    _startup.reserve_memory(40 << 20)
+    assert _startup.take_memory(41 << 20) is None  # too small: dropped
+    assert _startup.take_memory(1) is None  # the reservation is over either way
+    _startup.reserve_memory((40 << 20) + 5)
+    mm = _startup.take_memory(33 << 20)
+    assert mm is not None and len(mm) >= (40 << 20) + 5
+    arr = np.frombuffer(mm, np.uint8, count=33 << 20)
+    assert arr.flags.writeable and not arr[:: 1 << 12].any()  # zeroed, faulted in
+    arr[-1] = 7
+    assert _startup.take_memory(1) is None
+
+
+def test_weights_use_the_reserved_memory(tmp_path, monkeypatch):
+    from llamacpy.models import load_model as load_weights
+
+    path = tmp_path / "tiny.gguf"
+    write_tiny_llama(path, GGMLType.Q8_0)
+    plain = load_weights(path, background=False).store.buf.copy()
+    monkeypatch.setattr(_startup, "_reserve", None)
+    monkeypatch.setattr(_startup, "_MIN_RESERVE", 0)
+    _startup.reserve_memory(path.stat().st_size)
+    store = load_weights(path, background=True).store
+    base = store.buf.base
+    assert isinstance(getattr(base, "obj", base), mmap.mmap)  # the reserved map
+    np.testing.assert_array_equal(store.buf, plain)

@@ -15,6 +15,8 @@ collections for the duration of a model load and then restores the previous stat
 from __future__ import annotations
 
 import gc
+import mmap
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -49,3 +51,77 @@ def gc_paused() -> Iterator[None]:
     finally:
         if was:
             gc.enable()
+
+
+# ------------------------------------------------------------------ memory for the weights
+# A model's repacked weights need about its file size of fresh memory, and faulting that in
+# costs ~25 ms per 100 MiB (4 KiB pages, see ``models.weights`` for why not huge pages), so
+# the console command asks for it as soon as it knows the model file, and a thread faults it
+# in while the interpreter imports numpy and numba.
+_MADV_NOHUGEPAGE = getattr(mmap, "MADV_NOHUGEPAGE", 15)
+_MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
+_MADV_DONTNEED = getattr(mmap, "MADV_DONTNEED", 4)
+_MIN_RESERVE = 32 << 20  # smaller models: not worth a thread
+_POPULATE_STEP = 8 << 20
+_reserve: tuple[threading.Thread, dict, int] | None = None
+_LIBC_MADVISE: dict = {}
+
+
+def _madvise(mm: mmap.mmap, start: int, length: int, advice: int) -> None:
+    """libc ``madvise`` on part of an anonymous map, without the GIL (ctypes releases it;
+    ``mmap.madvise`` does not); failures ignored."""
+    import ctypes
+
+    fn = _LIBC_MADVISE.get("fn")
+    if fn is None:
+        fn = _LIBC_MADVISE["fn"] = ctypes.CDLL(None, use_errno=True).madvise
+        fn.argtypes = [ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int]
+    view = ctypes.c_char.from_buffer(mm)
+    try:
+        fn(ctypes.addressof(view) + start, length, advice)
+    finally:
+        del view
+
+
+def reserve_memory(nbytes: int) -> None:
+    """Start faulting in ``nbytes`` of anonymous memory, in a daemon thread, for
+    :func:`take_memory` (once per process; small sizes are ignored)."""
+    global _reserve
+    if _reserve is not None or nbytes < _MIN_RESERVE or not hasattr(mmap, "MAP_PRIVATE"):
+        return
+    nbytes = -nbytes % mmap.PAGESIZE + nbytes
+    box: dict = {}
+
+    def work() -> None:
+        try:
+            mm = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            _madvise(mm, 0, nbytes, _MADV_NOHUGEPAGE)
+            # a piece at a time: populating holds the process's memory-map lock, and the
+            # imports' mmap() calls (shared libraries, allocator arenas) wait for it
+            for start in range(0, nbytes, _POPULATE_STEP):
+                _madvise(mm, start, min(_POPULATE_STEP, nbytes - start), _MADV_POPULATE_WRITE)
+            box["mm"] = mm
+        except (OSError, ValueError, AttributeError):
+            pass  # the weights get ordinary memory
+
+    job = threading.Thread(target=work, name="llamacpy-memory", daemon=True)
+    job.start()
+    _reserve = (job, box, nbytes)
+
+
+def take_memory(nbytes: int) -> mmap.mmap | None:
+    """The reserved memory if at least ``nbytes`` were reserved (its unused tail handed
+    back to the system), else None; either way the reservation is over."""
+    global _reserve
+    if _reserve is None:
+        return None
+    job, box, size = _reserve
+    _reserve = None
+    job.join()
+    mm = box.get("mm")
+    if mm is None or size < nbytes:
+        return None
+    keep = -nbytes % mmap.PAGESIZE + nbytes
+    if size > keep:
+        _madvise(mm, keep, size - keep, _MADV_DONTNEED)
+    return mm

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..errors import UsageError
+from ..errors import LlamacpyError, UsageError
 
 # flag -> (SamplingParams field, type, help)
 _SAMPLING_FLAGS: list[tuple[tuple[str, ...], str, type, str]] = [
@@ -128,8 +128,26 @@ def sampler_chain(params: Any, tokenizer: Any, n_ctx: int) -> Any:
                                dry_seq_breakers=breakers, eog_tokens=tokenizer.eog)  # fmt: skip
 
 
+def _reserve_weight_memory(model: str) -> None:
+    """Have the weights' memory faulted in while the engine is imported (a model file
+    already on disk: its size is about the repacked weights'; see ``_startup``)."""
+    from .. import _startup
+    from ..registry import ModelRegistry
+
+    try:
+        path = model
+        if not os.path.isfile(path):
+            registry = ModelRegistry.from_environment()
+            path = registry.installed(model) if model in registry.models else None
+        if path and os.path.isfile(path):
+            _startup.reserve_memory(os.path.getsize(path))
+    except (LlamacpyError, OSError, ValueError):
+        pass  # the load reports what is wrong with the model argument
+
+
 def load(args: argparse.Namespace) -> Any:
     """The model and context the flags describe (:class:`llamacpy.api.LoadedModel`)."""
+    _reserve_weight_memory(args.model)
     from ..api.model import load_model
     from ..engine import ContextParams
 
