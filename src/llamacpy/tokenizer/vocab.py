@@ -360,9 +360,10 @@ def _load(md: Mapping[str, Any]) -> Vocab:
         attrs = np.full(n, ATTR_NORMAL, dtype=np.int32)
 
     tokens = list(tokens)
-    for i in (i for i, t in enumerate(tokens) if not t):
-        log.warning("empty token at index %d", i)
-        tokens[i] = f"[EMPTY_{i}]"
+    if not all(tokens):
+        for i in (i for i, t in enumerate(tokens) if not t):
+            log.warning("empty token at index %d", i)
+            tokens[i] = f"[EMPTY_{i}]"
     token_to_id = dict(zip(tokens, range(n), strict=True))
     if len(token_to_id) != n:
         raise TokenizerError(f"the vocabulary has duplicate token texts ({n - len(token_to_id)})")
