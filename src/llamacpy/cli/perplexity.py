@@ -16,6 +16,9 @@ from ..errors import UsageError
 
 
 def _perplexity(args: argparse.Namespace) -> int:
+    from .run import reserve_weight_memory
+
+    reserve_weight_memory(args.model)
     from ..api.model import load_model
     from ..engine import ContextParams
     from ..eval.perplexity import n_seq_for, perplexity

@@ -128,7 +128,7 @@ def sampler_chain(params: Any, tokenizer: Any, n_ctx: int) -> Any:
                                dry_seq_breakers=breakers, eog_tokens=tokenizer.eog)  # fmt: skip
 
 
-def _reserve_weight_memory(model: str) -> None:
+def reserve_weight_memory(model: str) -> None:
     """Have the weights' memory faulted in while the engine is imported (a model file
     already on disk: its size is about the repacked weights'; see ``_startup``)."""
     from .. import _startup
@@ -147,7 +147,7 @@ def _reserve_weight_memory(model: str) -> None:
 
 def load(args: argparse.Namespace) -> Any:
     """The model and context the flags describe (:class:`llamacpy.api.LoadedModel`)."""
-    _reserve_weight_memory(args.model)
+    reserve_weight_memory(args.model)
     from ..api.model import load_model
     from ..engine import ContextParams
 
