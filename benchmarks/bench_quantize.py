@@ -13,6 +13,7 @@ a shared machine disturb both alike. Ratios are llama.cpp's time over ours: abov
 llamacpy is faster.
 
     python benchmarks/bench_quantize.py [--threads 2] [--repeat 3] [--models smollm2-135m]
+    python benchmarks/bench_quantize.py --formats-only --formats Q4_K Q6_K
 """
 
 from __future__ import annotations
@@ -113,13 +114,15 @@ def _single_threaded_numba() -> None:
     numba.set_num_threads(1)
 
 
-def bench_formats(ggml: Ggml, nthread: int, repeat: int, n_rows: int) -> list[dict]:
+def bench_formats(
+    ggml: Ggml, nthread: int, repeat: int, n_rows: int, names: list[str] = FORMATS
+) -> list[dict]:
     rng = np.random.default_rng(0)
     x = (rng.standard_normal((n_rows, 4096)) * 0.02).astype(np.float32)
     chunks = [(r, min(r + CHUNK_ROWS, n_rows)) for r in range(0, n_rows, CHUNK_ROWS)]
     pool = ThreadPoolExecutor(nthread, initializer=_single_threaded_numba)
     rows = []
-    for name in FORMATS:
+    for name in names:
         t = GGMLType[name]
         fmt = quants.get(t)
         q = fmt.quantize(x)
@@ -215,13 +218,14 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--rows", type=int, default=1024, help="rows of 4096 values per format test")
     ap.add_argument("--models", nargs="*", default=["smollm2-135m", "gemma3-270m"])
+    ap.add_argument("--formats", nargs="*", default=FORMATS, help="formats to time (default: all)")
     ap.add_argument("--formats-only", action="store_true")
     ap.add_argument("--models-only", action="store_true")
     ap.add_argument("--lib", type=Path, default=LLAMA_BIN / "libggml-base.so")
     args = ap.parse_args()
     print(f"threads: {args.threads}, best of {args.repeat}; ratios: llama.cpp time / ours")
     if not args.models_only:
-        bench_formats(Ggml(args.lib), args.threads, args.repeat, args.rows)
+        bench_formats(Ggml(args.lib), args.threads, args.repeat, args.rows, args.formats)
     if not args.formats_only:
         for name in args.models:
             bench_model(name, args.threads, args.repeat)
