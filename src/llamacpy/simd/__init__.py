@@ -21,7 +21,7 @@ from numba.core import cgutils, config
 from numba.core.codegen import get_host_cpu_features
 from numba.extending import intrinsic, models, overload, register_model
 
-__all__ = ["HAS_AVX512BW", "HAS_VNNI", "f32x16", "i32x16"]
+__all__ = ["HAS_AVX512BW", "HAS_AVX512F", "HAS_VNNI", "f32x16", "i32x16"]
 
 
 def _target_features() -> set[str]:
@@ -32,6 +32,7 @@ def _target_features() -> set[str]:
 _FEATURES = _target_features()
 HAS_VNNI = "avx512vnni" in _FEATURES and "avx512bw" in _FEATURES
 HAS_AVX512BW = "avx512bw" in _FEATURES
+HAS_AVX512F = "avx512f" in _FEATURES
 
 
 class VecType(types.Type):
@@ -492,6 +493,28 @@ def vshuffle_bytes(typingctx, table, idx):
         return builder.bitcast(out, _V16I)
 
     return i32x16(table, idx), cg
+
+
+@intrinsic
+def vperm_f32(typingctx, table, idx):
+    """Float table lookup: lane ``k`` = ``table[idx[k] & 15]`` (``f32x16`` table, ``i32x16``
+    indices; AVX-512F ``vpermps``)."""
+    if not (table == f32x16 and idx == i32x16):
+        return None
+
+    def cg(context, builder, sig, args):
+        t, i = args
+        i = builder.and_(i, _const(_V16I, 15))
+        if HAS_AVX512F:
+            fn = _fn(builder, "llvm.x86.avx512.permvar.sf.512", _V16F, [_V16F, _V16I])
+            return builder.call(fn, [t, i])
+        out = ir.Constant(_V16F, None)
+        for k in range(16):
+            j = builder.extract_element(i, ir.Constant(_I32, k))
+            out = builder.insert_element(out, builder.extract_element(t, j), ir.Constant(_I32, k))
+        return out
+
+    return f32x16(table, idx), cg
 
 
 # ----------------------------------------------------------------------------- scalars
