@@ -4,6 +4,8 @@
    :mod:`llamacpy.quants` against ggml's ``to_float`` / ``ggml_quantize_chunk`` (the functions
    llama-quantize runs, called through ctypes). Both sides split the rows into the same
    chunks and run them on a pool of NTHREAD threads (ctypes and numba both drop the GIL).
+   Both dequantize into the same preallocated output, as ``to_float`` does; ours is also
+   timed returning a new array per chunk (``new arrays``: the chunks' fresh pages included).
 2. Whole model: ``llamacpy quantize`` against ``llama-quantize`` on the same input, preset
    and thread count: wall time of the command (process start included) and the time of the
    quantization itself (llama-quantize's own "quantize time"; our :func:`quantize_model`).
@@ -137,13 +139,19 @@ def bench_formats(
         def ggml_q(t=t, ref=ref) -> None:
             list(pool.map(lambda c: ggml.quantize(t, x[c[0] : c[1]], ref[c[0] : c[1]]), chunks))
 
-        def ours_d(fmt=fmt, q=q) -> None:
+        def ours_d(fmt=fmt, q=q, y=y) -> None:
+            def chunk(c: tuple[int, int]) -> None:
+                fmt.dequantize(q[c[0] : c[1]], (c[1] - c[0]) * 4096, y[c[0] : c[1]])
+
+            list(pool.map(chunk, chunks))
+
+        def ours_d_new(fmt=fmt, q=q) -> None:
             list(pool.map(lambda c: fmt.dequantize(q[c[0] : c[1]], (c[1] - c[0]) * 4096), chunks))
 
         def ggml_d(t=t, q=q, y=y) -> None:
             list(pool.map(lambda c: ggml.dequantize(t, q[c[0] : c[1]], y[c[0] : c[1]]), chunks))
 
-        for f in (ours_q, ggml_q, ours_d, ggml_d):  # warm up (numba compile / cache load)
+        for f in (ours_q, ggml_q, ours_d, ggml_d, ours_d_new):  # warm up (numba compile / cache)
             f()
         res = {"format": name, "bytes_per_row": nb}
         for label, fn in (
@@ -151,6 +159,7 @@ def bench_formats(
             ("q_ggml", ggml_q),
             ("d_ours", ours_d),
             ("d_ggml", ggml_d),
+            ("d_ours_new", ours_d_new),
         ):
             res[label] = x.size / _best(fn, repeat) / 1e6
         res["identical_rows"] = float(np.mean(np.all(q == ref, axis=1)))
@@ -158,7 +167,8 @@ def bench_formats(
         print(
             f"{name:7s} quantize {res['q_ours']:8.1f} vs {res['q_ggml']:8.1f} Mval/s "
             f"(x{res['q_ours'] / res['q_ggml']:.2f})   dequantize {res['d_ours']:8.1f} vs "
-            f"{res['d_ggml']:8.1f} Mval/s (x{res['d_ours'] / res['d_ggml']:.2f})",
+            f"{res['d_ggml']:8.1f} Mval/s (x{res['d_ours'] / res['d_ggml']:.2f}; new arrays "
+            f"{res['d_ours_new']:8.1f}, x{res['d_ours_new'] / res['d_ggml']:.2f})",
             flush=True,
         )
     pool.shutdown()

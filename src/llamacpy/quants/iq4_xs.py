@@ -54,9 +54,9 @@ _32 = F32(32.0)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def _dequantize_kernel(raw, n):
+def _dequantize_kernel(raw, y):
     """One group (two 16-lane halves) per step, the table looked up as in IQ4_NL."""
-    y = np.empty(n, dtype=np.float32)
+    n = y.size
     table = vload_f32(KVALUES_F32, 0)
     for i in prange(n // QK):
         o = i * TYPE_SIZE
@@ -70,12 +70,12 @@ def _dequantize_kernel(raw, n):
             q = vload_u8(raw, o + _O_QS + 16 * g)
             vstore_f32(y, i * QK + 32 * g, dl * vperm_f32(table, q))
             vstore_f32(y, i * QK + 32 * g + 16, dl * vperm_f32(table, vsrl(q, 4)))
-    return y
 
 
-def dequantize(raw, n: int) -> np.ndarray:
-    """The first ``n`` elements stored in ``raw`` (IQ4_XS blocks) as float32 (numba)."""
-    return run_dequantize(_dequantize_kernel, raw, n, QK, TYPE_SIZE, TYPE.name)
+def dequantize(raw, n: int, out: np.ndarray | None = None) -> np.ndarray:
+    """The first ``n`` elements stored in ``raw`` (IQ4_XS blocks) as float32 (numba), in
+    ``out`` if given."""
+    return run_dequantize(_dequantize_kernel, raw, n, QK, TYPE_SIZE, TYPE.name, out)
 
 
 def dequantize_numpy(raw, n: int) -> np.ndarray:

@@ -48,8 +48,8 @@ _63 = F32(63.0)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def _dequantize_kernel(raw, n):
-    y = np.empty(n, dtype=np.float32)
+def _dequantize_kernel(raw, y):
+    n = y.size
     for i in prange(n // QK):
         o = i * TYPE_SIZE
         d = load_f16h(raw, o)
@@ -66,12 +66,12 @@ def _dequantize_kernel(raw, n):
                 e = i * QK + 64 * c + 16 * h
                 vstore_f32(y, e, dl0 * vcvt(vand_k(q, 0xF)) - ml0)
                 vstore_f32(y, e + 32, dl1 * vcvt(vsrl(q, 4)) - ml1)
-    return y
 
 
-def dequantize(raw, n: int) -> np.ndarray:
-    """The first ``n`` elements stored in ``raw`` (Q4_K blocks) as float32 (numba)."""
-    return run_dequantize(_dequantize_kernel, raw, n, QK, TYPE_SIZE, TYPE.name)
+def dequantize(raw, n: int, out: np.ndarray | None = None) -> np.ndarray:
+    """The first ``n`` elements stored in ``raw`` (Q4_K blocks) as float32 (numba), in
+    ``out`` if given."""
+    return run_dequantize(_dequantize_kernel, raw, n, QK, TYPE_SIZE, TYPE.name, out)
 
 
 def get_scale_min_np(sc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

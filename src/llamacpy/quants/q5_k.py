@@ -48,9 +48,9 @@ _O_SC, _O_QH, _O_QS = 4, 16, 48
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def _dequantize_kernel(raw, n):
+def _dequantize_kernel(raw, y):
     """16 values per SIMD step; groups ``2c`` and ``2c+1`` from the same 32 ``qs`` bytes."""
-    y = np.empty(n, dtype=np.float32)
+    n = y.size
     for i in prange(n // QK):
         o = i * TYPE_SIZE
         d = load_f16h(raw, o)
@@ -70,12 +70,12 @@ def _dequantize_kernel(raw, n):
                 e = i * QK + 64 * c + 16 * h
                 vstore_f32(y, e, dl0 * vcvt(q0) - ml0)
                 vstore_f32(y, e + 32, dl1 * vcvt(q1) - ml1)
-    return y
 
 
-def dequantize(raw, n: int) -> np.ndarray:
-    """The first ``n`` elements stored in ``raw`` (Q5_K blocks) as float32 (numba)."""
-    return run_dequantize(_dequantize_kernel, raw, n, QK, TYPE_SIZE, TYPE.name)
+def dequantize(raw, n: int, out: np.ndarray | None = None) -> np.ndarray:
+    """The first ``n`` elements stored in ``raw`` (Q5_K blocks) as float32 (numba), in
+    ``out`` if given."""
+    return run_dequantize(_dequantize_kernel, raw, n, QK, TYPE_SIZE, TYPE.name, out)
 
 
 def dequantize_numpy(raw, n: int) -> np.ndarray:

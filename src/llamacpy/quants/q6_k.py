@@ -46,10 +46,10 @@ _NEG128 = F32(-128.0)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def _dequantize_kernel(raw, n):
+def _dequantize_kernel(raw, y):
     """16 values (one scale group) per SIMD step: for each 16 ``l`` of a half, the ``ql`` and
     ``qh`` bytes are loaded once and give the four ``k``."""
-    y = np.empty(n, dtype=np.float32)
+    n = y.size
     sc8 = raw.view(np.int8)
     bias = vsplat_i32(32)
     for i in prange(n // QK):
@@ -67,12 +67,12 @@ def _dequantize_kernel(raw, n):
                     e = 128 * h + 32 * k + 16 * s
                     dl = vsplat_f32(d * F32(sc8[o + _O_SC + e // 16]))
                     vstore_f32(y, i * QK + e, dl * vcvt(q))
-    return y
 
 
-def dequantize(raw, n: int) -> np.ndarray:
-    """The first ``n`` elements stored in ``raw`` (Q6_K blocks) as float32 (numba)."""
-    return run_dequantize(_dequantize_kernel, raw, n, QK, TYPE_SIZE, TYPE.name)
+def dequantize(raw, n: int, out: np.ndarray | None = None) -> np.ndarray:
+    """The first ``n`` elements stored in ``raw`` (Q6_K blocks) as float32 (numba), in
+    ``out`` if given."""
+    return run_dequantize(_dequantize_kernel, raw, n, QK, TYPE_SIZE, TYPE.name, out)
 
 
 def _unpack_np(ql: np.ndarray, qh: np.ndarray) -> np.ndarray:
