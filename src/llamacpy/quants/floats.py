@@ -26,7 +26,7 @@ from llamacpy.quants._helpers import (
     run_dequantize,
 )
 from llamacpy.quants._registry import QuantFormat, register
-from llamacpy.simd import vload_bf16, vload_f16, vstore_f32
+from llamacpy.simd import vload_bf16, vload_f16, vload_f32, vstore_bf16, vstore_f32
 
 F32_BLOCK = np.dtype("<f4")
 F16_BLOCK = np.dtype("<f2")
@@ -120,8 +120,11 @@ def _bf16_dequantize_kernel(raw, y):
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def _bf16_quantize_kernel(x):
+    """16 values per SIMD step (ggml's rounding and NaN rule, as :func:`fp32_to_bf16`)."""
     out = np.empty(x.size, dtype=np.uint16)
-    for i in prange(x.size):
+    for i in prange(x.size // 16):
+        vstore_bf16(out, 16 * i, vload_f32(x, 16 * i))
+    for i in range(x.size // 16 * 16, x.size):
         out[i] = fp32_to_bf16(x[i])
     return out
 

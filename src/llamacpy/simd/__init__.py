@@ -214,6 +214,30 @@ def vstore_f16(typingctx, arr, i, v):
     return types.none(arr, i, v), cg
 
 
+@intrinsic
+def vstore_bf16(typingctx, arr, i, v):
+    """Round ``f32x16`` to bfloat16 and store 32 bytes at ``&arr[i]``: nearest even, and a NaN
+    made quiet (``(bits >> 16) | 64``) as ggml's ``ggml_compute_fp32_to_bf16`` does."""
+    if v != f32x16:
+        return None
+
+    def cg(context, builder, sig, args):
+        u = builder.bitcast(args[2], _V16I)
+        hi = builder.lshr(u, _const(_V16I, 16))
+        odd = builder.and_(hi, _const(_V16I, 1))
+        rounded = builder.lshr(
+            builder.add(u, builder.add(odd, _const(_V16I, 0x7FFF))), _const(_V16I, 16)
+        )
+        mag = builder.and_(u, _const(_V16I, 0x7FFFFFFF))
+        nan = builder.icmp_unsigned(">", mag, _const(_V16I, 0x7F800000))
+        r = builder.select(nan, builder.or_(hi, _const(_V16I, 64)), rounded)
+        p = _ptr(context, builder, sig.args[0], args[0], args[1], ir.VectorType(_I16, 16))
+        builder.store(builder.trunc(r, ir.VectorType(_I16, 16)), p, align=1)
+        return context.get_dummy_value()
+
+    return types.none(arr, i, v), cg
+
+
 # ----------------------------------------------------------------------------- constructors
 @intrinsic
 def vsplat_f32(typingctx, x):
