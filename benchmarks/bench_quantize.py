@@ -4,6 +4,8 @@
    :mod:`llamacpy.quants` against ggml's ``to_float`` / ``ggml_quantize_chunk`` (the functions
    llama-quantize runs, called through ctypes). Both sides split the rows into the same
    chunks and run them on a pool of NTHREAD threads (ctypes and numba both drop the GIL).
+   Both dequantize into the same preallocated output, as ``to_float`` does; ours is also
+   timed returning a new array per chunk (``new arrays``: the chunks' fresh pages included).
 2. Whole model: ``llamacpy quantize`` against ``llama-quantize`` on the same input, preset
    and thread count: wall time of the command (process start included) and the time of the
    quantization itself (llama-quantize's own "quantize time"; our :func:`quantize_model`).
@@ -13,6 +15,7 @@ a shared machine disturb both alike. Ratios are llama.cpp's time over ours: abov
 llamacpy is faster.
 
     python benchmarks/bench_quantize.py [--threads 2] [--repeat 3] [--models smollm2-135m]
+    python benchmarks/bench_quantize.py --formats-only --formats Q4_K Q6_K
 """
 
 from __future__ import annotations
@@ -113,13 +116,15 @@ def _single_threaded_numba() -> None:
     numba.set_num_threads(1)
 
 
-def bench_formats(ggml: Ggml, nthread: int, repeat: int, n_rows: int) -> list[dict]:
+def bench_formats(
+    ggml: Ggml, nthread: int, repeat: int, n_rows: int, names: list[str] = FORMATS
+) -> list[dict]:
     rng = np.random.default_rng(0)
     x = (rng.standard_normal((n_rows, 4096)) * 0.02).astype(np.float32)
     chunks = [(r, min(r + CHUNK_ROWS, n_rows)) for r in range(0, n_rows, CHUNK_ROWS)]
     pool = ThreadPoolExecutor(nthread, initializer=_single_threaded_numba)
     rows = []
-    for name in FORMATS:
+    for name in names:
         t = GGMLType[name]
         fmt = quants.get(t)
         q = fmt.quantize(x)
@@ -134,13 +139,19 @@ def bench_formats(ggml: Ggml, nthread: int, repeat: int, n_rows: int) -> list[di
         def ggml_q(t=t, ref=ref) -> None:
             list(pool.map(lambda c: ggml.quantize(t, x[c[0] : c[1]], ref[c[0] : c[1]]), chunks))
 
-        def ours_d(fmt=fmt, q=q) -> None:
+        def ours_d(fmt=fmt, q=q, y=y) -> None:
+            def chunk(c: tuple[int, int]) -> None:
+                fmt.dequantize(q[c[0] : c[1]], (c[1] - c[0]) * 4096, y[c[0] : c[1]])
+
+            list(pool.map(chunk, chunks))
+
+        def ours_d_new(fmt=fmt, q=q) -> None:
             list(pool.map(lambda c: fmt.dequantize(q[c[0] : c[1]], (c[1] - c[0]) * 4096), chunks))
 
         def ggml_d(t=t, q=q, y=y) -> None:
             list(pool.map(lambda c: ggml.dequantize(t, q[c[0] : c[1]], y[c[0] : c[1]]), chunks))
 
-        for f in (ours_q, ggml_q, ours_d, ggml_d):  # warm up (numba compile / cache load)
+        for f in (ours_q, ggml_q, ours_d, ggml_d, ours_d_new):  # warm up (numba compile / cache)
             f()
         res = {"format": name, "bytes_per_row": nb}
         for label, fn in (
@@ -148,6 +159,7 @@ def bench_formats(ggml: Ggml, nthread: int, repeat: int, n_rows: int) -> list[di
             ("q_ggml", ggml_q),
             ("d_ours", ours_d),
             ("d_ggml", ggml_d),
+            ("d_ours_new", ours_d_new),
         ):
             res[label] = x.size / _best(fn, repeat) / 1e6
         res["identical_rows"] = float(np.mean(np.all(q == ref, axis=1)))
@@ -155,7 +167,8 @@ def bench_formats(ggml: Ggml, nthread: int, repeat: int, n_rows: int) -> list[di
         print(
             f"{name:7s} quantize {res['q_ours']:8.1f} vs {res['q_ggml']:8.1f} Mval/s "
             f"(x{res['q_ours'] / res['q_ggml']:.2f})   dequantize {res['d_ours']:8.1f} vs "
-            f"{res['d_ggml']:8.1f} Mval/s (x{res['d_ours'] / res['d_ggml']:.2f})",
+            f"{res['d_ggml']:8.1f} Mval/s (x{res['d_ours'] / res['d_ggml']:.2f}; new arrays "
+            f"{res['d_ours_new']:8.1f}, x{res['d_ours_new'] / res['d_ggml']:.2f})",
             flush=True,
         )
     pool.shutdown()
@@ -215,13 +228,14 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--rows", type=int, default=1024, help="rows of 4096 values per format test")
     ap.add_argument("--models", nargs="*", default=["smollm2-135m", "gemma3-270m"])
+    ap.add_argument("--formats", nargs="*", default=FORMATS, help="formats to time (default: all)")
     ap.add_argument("--formats-only", action="store_true")
     ap.add_argument("--models-only", action="store_true")
     ap.add_argument("--lib", type=Path, default=LLAMA_BIN / "libggml-base.so")
     args = ap.parse_args()
     print(f"threads: {args.threads}, best of {args.repeat}; ratios: llama.cpp time / ours")
     if not args.models_only:
-        bench_formats(Ggml(args.lib), args.threads, args.repeat, args.rows)
+        bench_formats(Ggml(args.lib), args.threads, args.repeat, args.rows, args.formats)
     if not args.formats_only:
         for name in args.models:
             bench_model(name, args.threads, args.repeat)

@@ -164,6 +164,26 @@ def test_dequantize_accepts_extra_bytes_and_readonly_buffers():
     assert_same_bits(fmt.dequantize(ro, 2 * 256), full[:512])
 
 
+@pytest.mark.parametrize("name", ALL)
+def test_dequantize_into_out_equals_new_array(name):
+    fmt = Q.get(name)
+    raw = random_blocks(name, 37, 8, sane=False)
+    n = 37 * fmt.block_size
+    out = np.full((1, n), 7.0, np.float32)
+    assert fmt.dequantize(raw, n, out) is out
+    assert_same_bits(out, fmt.dequantize(raw, n))
+    shaped = np.empty((n // fmt.block_size, fmt.block_size), np.float32)
+    assert Q.dequantize(raw, name, shaped.shape, out=shaped) is shaped
+    assert_same_bits(shaped, out)
+    for bad in (
+        np.empty(n + 1, np.float32),
+        np.empty(n, np.float64),
+        np.empty(2 * n, np.float32)[::2],
+    ):
+        with pytest.raises(Q.QuantError, match="out must be"):
+            fmt.dequantize(raw, n, bad)
+
+
 # ----------------------------------------------------------------------------- quantize
 
 

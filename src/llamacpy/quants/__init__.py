@@ -58,13 +58,15 @@ def dequantize(
     src: Any,
     ggml_type: GGMLType | int | str | None = None,
     shape: tuple[int, ...] | None = None,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """Dequantize a tensor to float32.
 
     ``src`` is a :class:`~llamacpy.gguf.reader.TensorInfo` (type, shape and name come from it)
     or raw bytes (any buffer or uint8 array) with ``ggml_type``. ``shape`` is in numpy order
     (``TensorInfo.np_shape``: the last axis is the row); without it the result is 1-D with
-    every element in ``src``.
+    every element in ``src``. ``out`` (a writable C-contiguous float32 array with as many
+    elements) receives the values and is returned, instead of a new array.
     """
     tensor = None
     if hasattr(src, "raw") and hasattr(src, "np_shape"):
@@ -83,6 +85,8 @@ def dequantize(
         shape = (n,)
     n = int(np.prod(shape, dtype=np.int64))
     try:
+        if out is not None:
+            return fmt.dequantize(raw, n, out)
         return fmt.dequantize(raw, n).reshape(shape)
     except QuantError as err:
         where = f" (tensor {tensor!r})" if tensor is not None else ""

@@ -281,9 +281,31 @@ def out_shape(x_shape: tuple[int, ...], block_size: int, type_size: int) -> tupl
     return (*x_shape[:-1], x_shape[-1] // block_size * type_size)
 
 
-def run_dequantize(kernel, raw, n: int, block_size: int, type_size: int, name: str):
-    """Validate, then run a numba ``kernel(raw_u8, n) -> float32[n]``."""
-    return kernel(as_blocks(raw, n, block_size, type_size, name), int(n))
+def dequantize_out(out, n: int, name: str) -> np.ndarray:
+    """The flat float32 array a dequantizer writes ``n`` values to: a new one, or a view of
+    ``out`` (a writable C-contiguous float32 array of ``n`` elements, any shape), so that a
+    caller that converts many chunks can reuse one buffer instead of faulting in fresh pages
+    every time."""
+    if out is None:
+        return np.empty(n, dtype=np.float32)
+    if not (
+        isinstance(out, np.ndarray)
+        and out.dtype == np.float32
+        and out.flags.c_contiguous
+        and out.flags.writeable
+        and out.size == n
+    ):
+        raise QuantError(f"{name}: out must be a writable C-contiguous float32 array of {n}")
+    return out.reshape(-1)
+
+
+def run_dequantize(kernel, raw, n: int, block_size: int, type_size: int, name: str, out=None):
+    """Validate, then run a numba ``kernel(raw_u8, y)`` that fills the float32 ``y`` (new, or
+    ``out``: see :func:`dequantize_out`); returns ``y`` (``out`` itself when given)."""
+    blocks = as_blocks(raw, n, block_size, type_size, name)
+    y = dequantize_out(out, int(n), name)
+    kernel(blocks, y)
+    return y if out is None else out
 
 
 def run_quantize(ref_kernel, impl_kernel, x, imatrix, block_size: int, type_size: int, name: str):

@@ -11,7 +11,7 @@ import numpy as np
 from llamacpy.gguf.constants import GGML_BLOCK_SIZES, GGMLType
 from llamacpy.quants._errors import UnsupportedQuantTypeError
 
-Dequantizer = Callable[[Any, int], np.ndarray]
+Dequantizer = Callable[..., np.ndarray]
 Quantizer = Callable[..., np.ndarray]
 
 
@@ -19,12 +19,14 @@ Quantizer = Callable[..., np.ndarray]
 class QuantFormat:
     """One ggml tensor type: its block layout and (de)quantizers.
 
-    ``dequantize(raw, n)`` turns the bytes of ``n`` elements into float32 (numba);
+    ``dequantize(raw, n, out=None)`` turns the bytes of ``n`` elements into float32 (numba;
+    written to ``out``, a float32 array of ``n`` elements, when given);
     ``quantize(x, imatrix=None)`` turns a float array whose last axis is a row into uint8 of
     shape ``(..., bytes_per_row)`` (numba), with the same bytes llama.cpp's
     ``ggml_quantize_chunk`` writes. The ``*_numpy`` twins are independent vectorized
-    implementations of the same functions (slower; used to cross-check). ``vec_dot_type`` is
-    the type ggml's CPU backend converts activations to for dot products with this type.
+    implementations of the same functions (slower; used to cross-check; no ``out``).
+    ``vec_dot_type`` is the type ggml's CPU backend converts activations to for dot products
+    with this type.
     """
 
     ggml_type: GGMLType

@@ -11,19 +11,22 @@ import numpy as np
 from numba import njit, prange
 
 from llamacpy.gguf.constants import GGMLType
+from llamacpy.quants._block32 import load_f16h
 from llamacpy.quants._helpers import (
     as_blocks,
     as_rows,
     bits_f32,
-    fp16_to_fp32,
+    dequantize_out,
     fp16_to_fp32_np,
     fp32_to_bf16,
     fp32_to_bf16_np,
     fp32_to_fp16,
     fp32_to_fp16_np,
     out_shape,
+    run_dequantize,
 )
 from llamacpy.quants._registry import QuantFormat, register
+from llamacpy.simd import vload_bf16, vload_f16, vload_f32, vstore_bf16, vstore_f32
 
 F32_BLOCK = np.dtype("<f4")
 F16_BLOCK = np.dtype("<f2")
@@ -45,9 +48,14 @@ def _shape(x, size: int) -> tuple[int, ...]:
 # ----------------------------------------------------------------------------- F32
 
 
-def dequantize_f32(raw, n: int) -> np.ndarray:
-    """F32 bytes -> float32 (a copy; nothing to compute, so no numba kernel)."""
-    return _raw(raw, n, 4, "F32").view(np.float32).copy()
+def dequantize_f32(raw, n: int, out: np.ndarray | None = None) -> np.ndarray:
+    """F32 bytes -> float32 (a copy, in ``out`` if given; nothing to compute, so no numba
+    kernel)."""
+    src = _raw(raw, n, 4, "F32").view(np.float32)
+    if out is None:
+        return src.copy()
+    np.copyto(dequantize_out(out, int(n), "F32"), src)
+    return out
 
 
 def quantize_f32(x, imatrix=None) -> np.ndarray:
@@ -59,12 +67,13 @@ def quantize_f32(x, imatrix=None) -> np.ndarray:
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def _f16_dequantize_kernel(raw, n):
-    h = raw.view(np.uint16)
-    y = np.empty(n, dtype=np.float32)
-    for i in prange(n):
-        y[i] = fp16_to_fp32(h[i])
-    return y
+def _f16_dequantize_kernel(raw, y):
+    """16 halves per step (hardware conversion, as ggml's ``ggml_fp16_to_fp32_row``)."""
+    n = y.size
+    for i in prange(n // 16):
+        vstore_f32(y, 16 * i, vload_f16(raw, 32 * i))
+    for i in range(n // 16 * 16, n):
+        y[i] = load_f16h(raw, 2 * i)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
@@ -75,9 +84,9 @@ def _f16_quantize_kernel(x):
     return out
 
 
-def dequantize_f16(raw, n: int) -> np.ndarray:
-    """F16 bytes -> float32 (numba)."""
-    return _f16_dequantize_kernel(_raw(raw, n, 2, "F16"), int(n))
+def dequantize_f16(raw, n: int, out: np.ndarray | None = None) -> np.ndarray:
+    """F16 bytes -> float32 (numba), in ``out`` if given."""
+    return run_dequantize(_f16_dequantize_kernel, raw, n, 1, 2, "F16", out)
 
 
 def dequantize_f16_numpy(raw, n: int) -> np.ndarray:
@@ -99,25 +108,30 @@ def quantize_f16_numpy(x, imatrix=None) -> np.ndarray:
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def _bf16_dequantize_kernel(raw, n):
+def _bf16_dequantize_kernel(raw, y):
+    """16 values per step: each one's bits moved to the top half of a float32."""
     h = raw.view(np.uint16)
-    y = np.empty(n, dtype=np.float32)
-    for i in prange(n):
+    n = y.size
+    for i in prange(n // 16):
+        vstore_f32(y, 16 * i, vload_bf16(raw, 32 * i))
+    for i in range(n // 16 * 16, n):
         y[i] = bits_f32(np.uint32(h[i]) << 16)
-    return y
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def _bf16_quantize_kernel(x):
+    """16 values per SIMD step (ggml's rounding and NaN rule, as :func:`fp32_to_bf16`)."""
     out = np.empty(x.size, dtype=np.uint16)
-    for i in prange(x.size):
+    for i in prange(x.size // 16):
+        vstore_bf16(out, 16 * i, vload_f32(x, 16 * i))
+    for i in range(x.size // 16 * 16, x.size):
         out[i] = fp32_to_bf16(x[i])
     return out
 
 
-def dequantize_bf16(raw, n: int) -> np.ndarray:
-    """BF16 bytes -> float32 (numba)."""
-    return _bf16_dequantize_kernel(_raw(raw, n, 2, "BF16"), int(n))
+def dequantize_bf16(raw, n: int, out: np.ndarray | None = None) -> np.ndarray:
+    """BF16 bytes -> float32 (numba), in ``out`` if given."""
+    return run_dequantize(_bf16_dequantize_kernel, raw, n, 1, 2, "BF16", out)
 
 
 def dequantize_bf16_numpy(raw, n: int) -> np.ndarray:

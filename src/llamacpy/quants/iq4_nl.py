@@ -13,6 +13,7 @@ import numpy as np
 from numba import njit, prange
 
 from llamacpy.gguf.constants import GGML_BLOCK_SIZES, GGMLType
+from llamacpy.quants._block32 import load_f16h
 from llamacpy.quants._helpers import (
     F0,
     F1,
@@ -22,7 +23,6 @@ from llamacpy.quants._helpers import (
     blocks_np,
     fp16_to_fp32_np,
     fp32_to_fp16_np,
-    load_f16,
     out_shape,
     run_dequantize,
     run_quantize,
@@ -32,6 +32,7 @@ from llamacpy.quants._helpers import (
 from llamacpy.quants._registry import QuantFormat, register
 from llamacpy.quants._search import best_index_int8
 from llamacpy.quants._search_np import absmax_np, best_index_int8_np, seqsum
+from llamacpy.simd import vload_f32, vload_u8, vperm_f32, vsplat_f32, vsrl, vstore_f32
 
 TYPE = GGMLType.IQ4_NL
 QK, TYPE_SIZE = GGML_BLOCK_SIZES[TYPE]
@@ -46,21 +47,22 @@ NTRY = 7
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def _dequantize_kernel(raw, n):
-    y = np.empty(n, dtype=np.float32)
+def _dequantize_kernel(raw, y):
+    """One block (two 16-lane halves) per step; the table is one vector, indexed by nibble."""
+    n = y.size
+    table = vload_f32(KVALUES_F32, 0)
     for i in prange(n // QK):
         o = i * TYPE_SIZE
-        d = load_f16(raw, o)
-        for j in range(QK // 2):
-            q = np.int64(raw[o + 2 + j])
-            y[i * QK + j] = d * F32(KVALUES[q & 0xF])
-            y[i * QK + j + QK // 2] = d * F32(KVALUES[q >> 4])
-    return y
+        d = vsplat_f32(load_f16h(raw, o))
+        q = vload_u8(raw, o + 2)
+        vstore_f32(y, i * QK, d * vperm_f32(table, q))
+        vstore_f32(y, i * QK + QK // 2, d * vperm_f32(table, vsrl(q, 4)))
 
 
-def dequantize(raw, n: int) -> np.ndarray:
-    """The first ``n`` elements stored in ``raw`` (IQ4_NL blocks) as float32 (numba)."""
-    return run_dequantize(_dequantize_kernel, raw, n, QK, TYPE_SIZE, TYPE.name)
+def dequantize(raw, n: int, out: np.ndarray | None = None) -> np.ndarray:
+    """The first ``n`` elements stored in ``raw`` (IQ4_NL blocks) as float32 (numba), in
+    ``out`` if given."""
+    return run_dequantize(_dequantize_kernel, raw, n, QK, TYPE_SIZE, TYPE.name, out)
 
 
 def dequantize_numpy(raw, n: int) -> np.ndarray:

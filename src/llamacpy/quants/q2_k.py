@@ -42,8 +42,8 @@ _15 = F32(15.0)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def _dequantize_kernel(raw, n):
-    y = np.empty(n, dtype=np.float32)
+def _dequantize_kernel(raw, y):
+    n = y.size
     for i in prange(n // QK):
         o = i * TYPE_SIZE
         d = load_f16(raw, o + _O_D)
@@ -58,12 +58,12 @@ def _dequantize_kernel(raw, n):
                     for l in range(16):
                         q = (np.int64(raw[o + _O_QS + 32 * h + 16 * half + l]) >> (2 * k)) & 3
                         y[i * QK + 16 * g + l] = dl * F32(q) - ml
-    return y
 
 
-def dequantize(raw, n: int) -> np.ndarray:
-    """The first ``n`` elements stored in ``raw`` (Q2_K blocks) as float32 (numba)."""
-    return run_dequantize(_dequantize_kernel, raw, n, QK, TYPE_SIZE, TYPE.name)
+def dequantize(raw, n: int, out: np.ndarray | None = None) -> np.ndarray:
+    """The first ``n`` elements stored in ``raw`` (Q2_K blocks) as float32 (numba), in
+    ``out`` if given."""
+    return run_dequantize(_dequantize_kernel, raw, n, QK, TYPE_SIZE, TYPE.name, out)
 
 
 def unpack_2bit_np(qs: np.ndarray) -> np.ndarray:

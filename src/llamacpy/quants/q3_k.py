@@ -67,8 +67,8 @@ def put_scales_np(ls: np.ndarray) -> np.ndarray:
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def _dequantize_kernel(raw, n):
-    y = np.empty(n, dtype=np.float32)
+def _dequantize_kernel(raw, y):
+    n = y.size
     for i in prange(n // QK):
         o = i * TYPE_SIZE
         d_all = load_f16(raw, o + _O_D)
@@ -83,12 +83,12 @@ def _dequantize_kernel(raw, n):
                         if not (np.int64(raw[o + b]) >> (4 * h + k)) & 1:
                             q -= 4
                         y[i * QK + 16 * g + l] = dl * F32(q)
-    return y
 
 
-def dequantize(raw, n: int) -> np.ndarray:
-    """The first ``n`` elements stored in ``raw`` (Q3_K blocks) as float32 (numba)."""
-    return run_dequantize(_dequantize_kernel, raw, n, QK, TYPE_SIZE, TYPE.name)
+def dequantize(raw, n: int, out: np.ndarray | None = None) -> np.ndarray:
+    """The first ``n`` elements stored in ``raw`` (Q3_K blocks) as float32 (numba), in
+    ``out`` if given."""
+    return run_dequantize(_dequantize_kernel, raw, n, QK, TYPE_SIZE, TYPE.name, out)
 
 
 def dequantize_numpy(raw, n: int) -> np.ndarray:

@@ -54,8 +54,8 @@ _8_5 = F32(8.5)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def _dequantize_kernel(raw, n):
-    y = np.empty(n, dtype=np.float32)
+def _dequantize_kernel(raw, y):
+    n = y.size
     eight = vsplat_i32(8)
     for i in prange(n // QK):
         o = i * TYPE_SIZE
@@ -63,12 +63,12 @@ def _dequantize_kernel(raw, n):
         q = vload_u8(raw, o + 2)
         vstore_f32(y, i * QK, vcvt(vand_k(q, 0xF) - eight) * d)
         vstore_f32(y, i * QK + QK // 2, vcvt(vsrl(q, 4) - eight) * d)
-    return y
 
 
-def dequantize(raw, n: int) -> np.ndarray:
-    """The first ``n`` elements stored in ``raw`` (Q4_0 blocks) as float32 (numba)."""
-    return run_dequantize(_dequantize_kernel, raw, n, QK, TYPE_SIZE, TYPE.name)
+def dequantize(raw, n: int, out: np.ndarray | None = None) -> np.ndarray:
+    """The first ``n`` elements stored in ``raw`` (Q4_0 blocks) as float32 (numba), in
+    ``out`` if given."""
+    return run_dequantize(_dequantize_kernel, raw, n, QK, TYPE_SIZE, TYPE.name, out)
 
 
 def dequantize_numpy(raw, n: int) -> np.ndarray:

@@ -48,8 +48,8 @@ _RDELTA = F32(0.05)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def _dequantize_kernel(raw, n):
-    y = np.empty(n, dtype=np.float32)
+def _dequantize_kernel(raw, y):
+    n = y.size
     for i in prange(n // QK):
         o = i * TYPE_SIZE
         d = vsplat_f32(load_f16h(raw, o))
@@ -57,12 +57,12 @@ def _dequantize_kernel(raw, n):
         q = vload_u8(raw, o + 4)
         vstore_f32(y, i * QK, vcvt(vand_k(q, 0xF)) * d + m)
         vstore_f32(y, i * QK + QK // 2, vcvt(vsrl(q, 4)) * d + m)
-    return y
 
 
-def dequantize(raw, n: int) -> np.ndarray:
-    """The first ``n`` elements stored in ``raw`` (Q4_1 blocks) as float32 (numba)."""
-    return run_dequantize(_dequantize_kernel, raw, n, QK, TYPE_SIZE, TYPE.name)
+def dequantize(raw, n: int, out: np.ndarray | None = None) -> np.ndarray:
+    """The first ``n`` elements stored in ``raw`` (Q4_1 blocks) as float32 (numba), in
+    ``out`` if given."""
+    return run_dequantize(_dequantize_kernel, raw, n, QK, TYPE_SIZE, TYPE.name, out)
 
 
 def dequantize_numpy(raw, n: int) -> np.ndarray:

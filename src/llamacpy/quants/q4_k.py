@@ -48,26 +48,30 @@ _63 = F32(63.0)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def _dequantize_kernel(raw, n):
-    y = np.empty(n, dtype=np.float32)
+def _dequantize_kernel(raw, y):
+    n = y.size
     for i in prange(n // QK):
         o = i * TYPE_SIZE
         d = load_f16h(raw, o)
         dmin = load_f16h(raw, o + 2)
-        for g in range(8):
-            sc, m = get_scale_min_k4(g, raw, o + _O_SC)
-            dl = vsplat_f32(d * F32(sc))
-            ml = vsplat_f32(dmin * F32(m))
-            shift = 4 * (g % 2)
+        for c in range(4):  # groups 2c (low nibbles) and 2c+1 (high nibbles) share 32 bytes
+            sc0, m0 = get_scale_min_k4(2 * c, raw, o + _O_SC)
+            sc1, m1 = get_scale_min_k4(2 * c + 1, raw, o + _O_SC)
+            dl0 = vsplat_f32(d * F32(sc0))
+            ml0 = vsplat_f32(dmin * F32(m0))
+            dl1 = vsplat_f32(d * F32(sc1))
+            ml1 = vsplat_f32(dmin * F32(m1))
             for h in range(2):
-                q = vand_k(vsrl(vload_u8(raw, o + _O_QS + 32 * (g // 2) + 16 * h), shift), 0xF)
-                vstore_f32(y, i * QK + 32 * g + 16 * h, dl * vcvt(q) - ml)
-    return y
+                q = vload_u8(raw, o + _O_QS + 32 * c + 16 * h)
+                e = i * QK + 64 * c + 16 * h
+                vstore_f32(y, e, dl0 * vcvt(vand_k(q, 0xF)) - ml0)
+                vstore_f32(y, e + 32, dl1 * vcvt(vsrl(q, 4)) - ml1)
 
 
-def dequantize(raw, n: int) -> np.ndarray:
-    """The first ``n`` elements stored in ``raw`` (Q4_K blocks) as float32 (numba)."""
-    return run_dequantize(_dequantize_kernel, raw, n, QK, TYPE_SIZE, TYPE.name)
+def dequantize(raw, n: int, out: np.ndarray | None = None) -> np.ndarray:
+    """The first ``n`` elements stored in ``raw`` (Q4_K blocks) as float32 (numba), in
+    ``out`` if given."""
+    return run_dequantize(_dequantize_kernel, raw, n, QK, TYPE_SIZE, TYPE.name, out)
 
 
 def get_scale_min_np(sc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -10,11 +10,11 @@ import numpy as np
 from numba import njit, prange
 
 from llamacpy.gguf.constants import GGML_BLOCK_SIZES, GGMLType
+from llamacpy.quants._block32 import load_f16h
 from llamacpy.quants._helpers import (
     F32,
     blocks_np,
     fp16_to_fp32_np,
-    load_f16,
     run_dequantize,
     run_quantize,
     run_quantize_np,
@@ -30,6 +30,7 @@ from llamacpy.quants.q4_k import (
     scales_ref,
     scales_ref_np,
 )
+from llamacpy.simd import vand_k, vcvt, vload_u8, vsll, vsplat_f32, vsrl, vstore_f32
 
 TYPE = GGMLType.Q5_K
 QK, TYPE_SIZE = GGML_BLOCK_SIZES[TYPE]
@@ -47,27 +48,34 @@ _O_SC, _O_QH, _O_QS = 4, 16, 48
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def _dequantize_kernel(raw, n):
-    y = np.empty(n, dtype=np.float32)
+def _dequantize_kernel(raw, y):
+    """16 values per SIMD step; groups ``2c`` and ``2c+1`` from the same 32 ``qs`` bytes."""
+    n = y.size
     for i in prange(n // QK):
         o = i * TYPE_SIZE
-        d = load_f16(raw, o)
-        dmin = load_f16(raw, o + 2)
-        for g in range(8):
-            sc, m = get_scale_min_k4(g, raw, o + _O_SC)
-            dl = d * F32(sc)
-            ml = dmin * F32(m)
-            shift = 4 * (g % 2)
-            for k in range(32):
-                q = (np.int64(raw[o + _O_QS + 32 * (g // 2) + k]) >> shift) & 0xF
-                q += ((np.int64(raw[o + _O_QH + k]) >> g) & 1) << 4
-                y[i * QK + 32 * g + k] = dl * F32(q) - ml
-    return y
+        d = load_f16h(raw, o)
+        dmin = load_f16h(raw, o + 2)
+        for c in range(4):
+            sc0, m0 = get_scale_min_k4(2 * c, raw, o + _O_SC)
+            sc1, m1 = get_scale_min_k4(2 * c + 1, raw, o + _O_SC)
+            dl0 = vsplat_f32(d * F32(sc0))
+            ml0 = vsplat_f32(dmin * F32(m0))
+            dl1 = vsplat_f32(d * F32(sc1))
+            ml1 = vsplat_f32(dmin * F32(m1))
+            for h in range(2):
+                q = vload_u8(raw, o + _O_QS + 32 * c + 16 * h)
+                qh = vload_u8(raw, o + _O_QH + 16 * h)
+                q0 = vand_k(q, 0xF) | vsll(vand_k(vsrl(qh, 2 * c), 1), 4)
+                q1 = vsrl(q, 4) | vsll(vand_k(vsrl(qh, 2 * c + 1), 1), 4)
+                e = i * QK + 64 * c + 16 * h
+                vstore_f32(y, e, dl0 * vcvt(q0) - ml0)
+                vstore_f32(y, e + 32, dl1 * vcvt(q1) - ml1)
 
 
-def dequantize(raw, n: int) -> np.ndarray:
-    """The first ``n`` elements stored in ``raw`` (Q5_K blocks) as float32 (numba)."""
-    return run_dequantize(_dequantize_kernel, raw, n, QK, TYPE_SIZE, TYPE.name)
+def dequantize(raw, n: int, out: np.ndarray | None = None) -> np.ndarray:
+    """The first ``n`` elements stored in ``raw`` (Q5_K blocks) as float32 (numba), in
+    ``out`` if given."""
+    return run_dequantize(_dequantize_kernel, raw, n, QK, TYPE_SIZE, TYPE.name, out)
 
 
 def dequantize_numpy(raw, n: int) -> np.ndarray:

@@ -40,19 +40,19 @@ _127 = F32(127.0)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def _dequantize_kernel(raw, n):
-    y = np.empty(n, dtype=np.float32)
+def _dequantize_kernel(raw, y):
+    n = y.size
     for i in prange(n // QK):
         o = i * TYPE_SIZE
         d = vsplat_f32(load_f16h(raw, o))
         vstore_f32(y, i * QK, vcvt(vload_i8(raw, o + 2)) * d)
         vstore_f32(y, i * QK + 16, vcvt(vload_i8(raw, o + 18)) * d)
-    return y
 
 
-def dequantize(raw, n: int) -> np.ndarray:
-    """The first ``n`` elements stored in ``raw`` (Q8_0 blocks) as float32 (numba)."""
-    return run_dequantize(_dequantize_kernel, raw, n, QK, TYPE_SIZE, TYPE.name)
+def dequantize(raw, n: int, out: np.ndarray | None = None) -> np.ndarray:
+    """The first ``n`` elements stored in ``raw`` (Q8_0 blocks) as float32 (numba), in
+    ``out`` if given."""
+    return run_dequantize(_dequantize_kernel, raw, n, QK, TYPE_SIZE, TYPE.name, out)
 
 
 def dequantize_numpy(raw, n: int) -> np.ndarray:

@@ -21,7 +21,7 @@ from numba.core import cgutils, config
 from numba.core.codegen import get_host_cpu_features
 from numba.extending import intrinsic, models, overload, register_model
 
-__all__ = ["HAS_AVX512BW", "HAS_VNNI", "f32x16", "i32x16"]
+__all__ = ["HAS_AVX512BW", "HAS_AVX512F", "HAS_VNNI", "f32x16", "i32x16"]
 
 
 def _target_features() -> set[str]:
@@ -32,6 +32,7 @@ def _target_features() -> set[str]:
 _FEATURES = _target_features()
 HAS_VNNI = "avx512vnni" in _FEATURES and "avx512bw" in _FEATURES
 HAS_AVX512BW = "avx512bw" in _FEATURES
+HAS_AVX512F = "avx512f" in _FEATURES
 
 
 class VecType(types.Type):
@@ -208,6 +209,30 @@ def vstore_f16(typingctx, arr, i, v):
     def cg(context, builder, sig, args):
         p = _ptr(context, builder, sig.args[0], args[0], args[1], _V16H)
         builder.store(builder.fptrunc(args[2], _V16H), p, align=1)
+        return context.get_dummy_value()
+
+    return types.none(arr, i, v), cg
+
+
+@intrinsic
+def vstore_bf16(typingctx, arr, i, v):
+    """Round ``f32x16`` to bfloat16 and store 32 bytes at ``&arr[i]``: nearest even, and a NaN
+    made quiet (``(bits >> 16) | 64``) as ggml's ``ggml_compute_fp32_to_bf16`` does."""
+    if v != f32x16:
+        return None
+
+    def cg(context, builder, sig, args):
+        u = builder.bitcast(args[2], _V16I)
+        hi = builder.lshr(u, _const(_V16I, 16))
+        odd = builder.and_(hi, _const(_V16I, 1))
+        rounded = builder.lshr(
+            builder.add(u, builder.add(odd, _const(_V16I, 0x7FFF))), _const(_V16I, 16)
+        )
+        mag = builder.and_(u, _const(_V16I, 0x7FFFFFFF))
+        nan = builder.icmp_unsigned(">", mag, _const(_V16I, 0x7F800000))
+        r = builder.select(nan, builder.or_(hi, _const(_V16I, 64)), rounded)
+        p = _ptr(context, builder, sig.args[0], args[0], args[1], ir.VectorType(_I16, 16))
+        builder.store(builder.trunc(r, ir.VectorType(_I16, 16)), p, align=1)
         return context.get_dummy_value()
 
     return types.none(arr, i, v), cg
@@ -492,6 +517,28 @@ def vshuffle_bytes(typingctx, table, idx):
         return builder.bitcast(out, _V16I)
 
     return i32x16(table, idx), cg
+
+
+@intrinsic
+def vperm_f32(typingctx, table, idx):
+    """Float table lookup: lane ``k`` = ``table[idx[k] & 15]`` (``f32x16`` table, ``i32x16``
+    indices; AVX-512F ``vpermps``)."""
+    if not (table == f32x16 and idx == i32x16):
+        return None
+
+    def cg(context, builder, sig, args):
+        t, i = args
+        i = builder.and_(i, _const(_V16I, 15))
+        if HAS_AVX512F:
+            fn = _fn(builder, "llvm.x86.avx512.permvar.sf.512", _V16F, [_V16F, _V16I])
+            return builder.call(fn, [t, i])
+        out = ir.Constant(_V16F, None)
+        for k in range(16):
+            j = builder.extract_element(i, ir.Constant(_I32, k))
+            out = builder.insert_element(out, builder.extract_element(t, j), ir.Constant(_I32, k))
+        return out
+
+    return f32x16(table, idx), cg
 
 
 # ----------------------------------------------------------------------------- scalars
