@@ -110,3 +110,12 @@ def test_weights_use_the_reserved_memory(tmp_path, monkeypatch):
     base = store.buf.base
     assert isinstance(getattr(base, "obj", base), mmap.mmap)  # the reserved map
     np.testing.assert_array_equal(store.buf, plain)
+
+
+def test_quantize_command_gets_the_collector_back(collector, tmp_path, capsys):
+    path = tmp_path / "tiny.gguf"
+    write_tiny_llama(path, GGMLType.F32)
+    gc.enable()
+    _startup.pause_gc()
+    assert main(["quantize", str(path), str(tmp_path / "q8.gguf"), "Q8_0", "1"]) == 0
+    assert gc.isenabled() and (tmp_path / "q8.gguf").stat().st_size > 0

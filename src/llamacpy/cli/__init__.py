@@ -32,9 +32,10 @@ SUBCOMMANDS = [
     "embed",
     "convert",
 ]
-# commands whose start-up ends when their model has loaded (``api.model.load_model`` turns
-# the collector back on); the others get it back before they run
-_START_WITH_MODEL = {"run", "chat", "perplexity"}
+# commands that end their start-up themselves (``api.model.load_model`` turns the collector
+# back on once the model has loaded; quantize once its kernels are imported); the others
+# get it back before they run
+_START_WITH_MODEL = {"run", "chat", "perplexity", "quantize"}
 
 
 class _Parser(argparse.ArgumentParser):

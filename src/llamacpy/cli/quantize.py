@@ -115,7 +115,11 @@ def build_params(args: argparse.Namespace) -> tuple[Path, str | None, Any, Any]:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from .. import quants  # noqa: F401  (numba and the kernels: the rest of start-up)
+    from .._startup import resume_gc
     from ..quantize import quantize_model
+
+    resume_gc()
 
     in_path, out, preset, params = build_params(args)
     nthread = params.nthread
