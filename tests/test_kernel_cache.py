@@ -207,3 +207,59 @@ def test_cached_kernels_load_without_importing_numba_helpers(tmp_path: Path) -> 
 
     assert run("compile") == ["40.0"]
     assert run("load") == ["40.0", "False", "2.0", "40.0", "True"]
+
+
+def test_plain_arrays_are_typed_as_numba_types_them() -> None:
+    import numpy as np
+    import pytest
+    from numba import errors, typeof
+
+    arrays = [
+        np.zeros((2, 3), np.float32),
+        np.zeros((4, 6), np.int8)[:, ::2],
+        np.zeros((3, 2), np.float64).T,
+        np.zeros(5, np.uint16).view(np.float16),
+        np.zeros(0, np.int64),
+        np.zeros((2, 2, 2), np.complex64),
+    ]
+    ro = np.zeros(3)
+    ro.flags.writeable = False
+    for a in [*arrays, ro]:
+        assert typeof(a) == kernel_cache._numba_typeof_ndarray(a, None), a
+    with pytest.raises(errors.NumbaTypeError, match="MaskedArray"):
+        typeof(np.ma.masked_array([1, 2]))
+    with pytest.raises(errors.NumbaValueError, match="dtype"):
+        typeof(np.zeros(2, dtype=[("a", object)]))
+
+
+_MA_RUN = r"""
+import sys
+from pathlib import Path
+import numpy as np
+from llamacpy import kernel_cache
+pkg = Path(sys.argv[1])
+kernel_cache._KERNEL_DIRS = (pkg,)
+sys.path.insert(0, str(pkg.parent))
+from ops import kernel
+print(kernel.total(np.arange(4.0)), "numpy.ma" in sys.modules)
+"""
+
+
+def test_calling_a_cached_kernel_does_not_import_numpy_ma(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    pkg = tmp_path / "ops"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "kernel.py").write_text(
+        "from numba import njit\n\n@njit(cache=True)\ndef total(a):\n    return a.sum()\n"
+    )
+    outs = []
+    for _ in range(2):  # compiled, then loaded from the cache
+        p = subprocess.run(
+            [sys.executable, "-c", _MA_RUN, str(pkg)], capture_output=True, text=True, timeout=300
+        )
+        assert p.returncode == 0, p.stderr[-3000:]
+        outs.append(p.stdout.split())
+    assert outs[1] == ["6.0", "False"]

@@ -25,9 +25,12 @@ from functools import cache
 from pathlib import Path
 
 import llvmlite.binding as ll
-from numba.core import caching, config, environment
+import numpy as np
+from numba.core import caching, config, environment, errors, types
 from numba.core import codegen as codegen_mod
 from numba.core.runtime import nrtdynmod, rtsys
+from numba.core.typing.typeof import typeof_impl
+from numba.np import numpy_support
 
 _ROOT = Path(__file__).resolve().parent  # the llamacpy package
 KERNEL_PACKAGES = ("simd", "quants", "ops", "tokenizer", "sampling", "models", "engine", "quantize")
@@ -327,6 +330,23 @@ def _env_from_fndesc(cls, fndesc):
     return _numba_env_from_fndesc(cls, fndesc)
 
 
+_numba_typeof_ndarray = typeof_impl.dispatch(np.ndarray)
+
+
+def _typeof_ndarray(val, c):
+    """numba's type of an array argument. numba first asks whether it is a masked array,
+    which imports ``numpy.ma`` (~10 ms of a process's first kernel call); a plain
+    ``ndarray`` is not one, and is typed here as numba types it."""
+    if type(val) is not np.ndarray:
+        return _numba_typeof_ndarray(val, c)
+    try:
+        dtype = numpy_support.from_dtype(val.dtype)
+    except errors.NumbaNotImplementedError:
+        raise errors.NumbaValueError(f"Unsupported array dtype: {val.dtype}") from None
+    layout = numpy_support.map_layout(val)
+    return types.Array(dtype, val.ndim, layout, readonly=not val.flags.writeable)
+
+
 _numba_load_index = caching.IndexDataCacheFile._load_index
 
 
@@ -347,6 +367,8 @@ def install() -> None:
     caching.Cache.load_overload = _load_overload
     caching.IndexDataCacheFile._load_index = _load_index
     environment._rebuild_env = _rebuild_env  # what unpickling an environment calls
+    if typeof_impl.dispatch(np.ndarray) is _numba_typeof_ndarray:
+        typeof_impl.register(np.ndarray)(_typeof_ndarray)
     environment.Environment.from_fndesc = classmethod(_env_from_fndesc)
     lib = codegen_mod.CPUCodeLibrary
     if lib._get_module_for_linking is _numba_module_for_linking:
