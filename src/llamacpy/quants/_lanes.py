@@ -271,6 +271,63 @@ def make_qx_quants_x16(n, nmax, xt, wt, Lt, Lauxt, res):
 
 
 @njit(cache=True, error_model="numpy")
+def make_q3_quants_x16(n, nmax, xt, Lt, res):
+    """:func:`~llamacpy.quants._search.make_q3_quants` on 16 groups of ``n``: quants
+    ``l + nmax`` to ``Lt`` (int32, transposed) and the scales to ``res[0:16]``.
+
+    A lane whose pass changes nothing keeps its state, so running further passes (while
+    other lanes still change) leaves it as ggml's early exit does."""
+    zero = vsplat_f32(F0)
+    amax = zero
+    mx = zero
+    for i in range(n):
+        x = vload_f32(xt, LANES * i)
+        ax = vabs(x)
+        up = vgt(ax, amax)
+        amax = vblend(up, ax, amax)
+        mx = vblend(up, x, mx)
+    live = vle(vsplat_f32(GROUP_MAX_EPS), amax)  # amax is never NaN: not (amax < eps)
+    iscale = vsplat_f32(F32(-nmax)) / mx
+    sumlx = zero
+    suml2 = zero
+    for i in range(n):
+        x = vload_f32(xt, LANES * i)
+        li = vnearest(iscale * x, -nmax, nmax - 1)
+        vstore_i32(Lt, LANES * i, li)
+        fl = vcvt(li)
+        w = x * x
+        sumlx = sumlx + w * x * fl
+        suml2 = suml2 + w * fl * fl
+    for _ in range(5):
+        changed = vsplat_i32(0)
+        for i in range(n):
+            x = vload_f32(xt, LANES * i)
+            w = x * x
+            li = vload_i32(Lt, LANES * i)
+            fl = vcvt(li)
+            slx = sumlx - w * x * fl
+            sl2 = suml2 - w * fl * fl
+            new_l = vnearest(x * sl2 / slx, -nmax, nmax - 1)
+            fn = vcvt(new_l)
+            slx_n = slx + w * x * fn
+            sl2_n = sl2 + w * fn * fn
+            take = vgt(slx, zero) & vne(fn, fl) & vgt(sl2_n, zero)
+            take = take & vgt(slx_n * slx_n * suml2, sumlx * sumlx * sl2_n)
+            vstore_i32(Lt, LANES * i, vblend(take, new_l, li))
+            sumlx = vblend(take, slx_n, sumlx)
+            suml2 = vblend(take, sl2_n, suml2)
+            changed = changed | take
+        if not vany(changed & live):
+            break
+    off = vsplat_i32(nmax)
+    z = vsplat_i32(0)
+    for i in range(n):
+        vstore_i32(Lt, LANES * i, vblend(live, vload_i32(Lt, LANES * i) + off, z))
+    scale = vblend(vgt(suml2, zero), sumlx / suml2, zero)
+    vstore_f32(res, 0, vblend(live, scale, zero))
+
+
+@njit(cache=True, error_model="numpy")
 def make_qkx_quants_groups(ng, n, nmax, x, w, L, rmin, rdelta, nstep, use_mad, scales, mins):
     """:func:`make_qkx_quants_x16` on the ``ng`` (at most 16) consecutive groups of ``n``
     values of ``x`` (weights ``w``): quants to ``L`` (same layout as ``x``), and group

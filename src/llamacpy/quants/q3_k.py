@@ -11,6 +11,7 @@ import numpy as np
 from numba import njit, prange
 
 from llamacpy.gguf.constants import GGML_BLOCK_SIZES, GGMLType
+from llamacpy.quants._block32 import vstore_u8
 from llamacpy.quants._helpers import (
     F0,
     F1,
@@ -26,10 +27,22 @@ from llamacpy.quants._helpers import (
     run_quantize_np,
     store_f16,
 )
+from llamacpy.quants._lanes import LANES, make_q3_quants_x16, make_qx_quants_x16, vnearest
 from llamacpy.quants._registry import QuantFormat, register
-from llamacpy.quants._search import make_q3_quants, make_qx_quants
+from llamacpy.quants._search import make_qx_quants
 from llamacpy.quants._search_np import absmax_np, make_q3_quants_np, make_qx_quants_np, seqsum
-from llamacpy.quants.q2_k import pack_2bit, pack_2bit_np, unpack_2bit_np
+from llamacpy.quants.q2_k import pack_2bit_np, unpack_2bit_np
+from llamacpy.simd import (
+    vand_k,
+    vload_f32,
+    vload_i32,
+    vsll,
+    vsplat_f32,
+    vsplat_i32,
+    vsrl,
+    vstore_f32,
+    vstore_i32,
+)
 
 TYPE = GGMLType.Q3_K
 QK, TYPE_SIZE = GGML_BLOCK_SIZES[TYPE]
@@ -104,22 +117,33 @@ def dequantize_numpy(raw, n: int) -> np.ndarray:
 
 
 @njit(cache=True, error_model="numpy")
-def _finish(x, L, out, o):
-    """Requantize with the stored scales, then write ``hmask`` and ``qs``."""
+def _finish(x, Lt, out, o):
+    """Requantize with the stored scales, then write ``hmask`` and ``qs``. ``Lt`` holds the
+    searches' quants (transposed, group ``g`` in lane ``g``), kept where a scale is 0.
+
+    One group of 16 per SIMD step: element ``32j + 16s + l`` (the ``hmask`` bit ``j`` of
+    byte ``16s + l``) and element ``128h + 32k + 16s + l`` (bits ``2k`` of ``qs[32h + 16s +
+    l]``) are lane ``l`` of groups ``2j + s`` and ``8h + 2k + s``."""
+    L = np.empty(QK, dtype=np.int32)  # group g at [16g:16g+16]
     d_all = load_f16(out, o + _O_D)
     for g in range(16):
         d = d_all * F32(get_scale(out, o + _O_SC, g) - 32)
         if d == F0:
-            continue
-        for k in range(16):
-            L[16 * g + k] = max(-4, min(3, nearest_int(x[16 * g + k] / d))) + 4
-    for m in range(32):
-        out[o + m] = 0
-    for j in range(QK):
-        if L[j] > 3:
-            out[o + j % 32] |= 1 << (j // 32)
-            L[j] -= 4
-    pack_2bit(L, out, o + _O_QS)
+            for k in range(16):
+                L[16 * g + k] = Lt[LANES * k + g]
+        else:
+            q = vnearest(vload_f32(x, 16 * g) / vsplat_f32(d), -4, 3)
+            vstore_i32(L, 16 * g, q + vsplat_i32(4))
+    for s in range(2):
+        hm = vsrl(vload_i32(L, 16 * s), 2)
+        for j in range(1, 8):
+            hm = hm | vsll(vsrl(vload_i32(L, 16 * (2 * j + s)), 2), j)
+        vstore_u8(out, o + 16 * s, hm)
+        for h in range(2):
+            qs = vand_k(vload_i32(L, 16 * (8 * h + s)), 3)
+            for k in range(1, 4):
+                qs = qs | vsll(vand_k(vload_i32(L, 16 * (8 * h + 2 * k + s)), 3), 2 * k)
+            vstore_u8(out, o + _O_QS + 32 * h + 16 * s, qs)
 
 
 @njit(cache=True, error_model="numpy")
@@ -133,13 +157,18 @@ def _put_scale(out, o, j, l):
 
 @njit(cache=True, error_model="numpy")
 def _ref_block(x, out, o):
-    """``quantize_row_q3_K_ref`` for one super-block."""
-    L = np.empty(QK, dtype=np.int8)
-    scales = np.empty(16, dtype=np.float32)
+    """``quantize_row_q3_K_ref`` for one super-block (the 16 groups' searches side by side,
+    group ``g`` in lane ``g``)."""
+    xt = np.empty(QK, dtype=np.float32)
+    Lt = np.empty(QK, dtype=np.int32)
+    scales = np.empty(LANES, dtype=np.float32)
+    for g in range(16):
+        for k in range(16):
+            xt[LANES * k + g] = x[16 * g + k]
+    make_q3_quants_x16(16, 4, xt, Lt, scales)
     max_scale = F0
     amax = F0
     for g in range(16):
-        scales[g] = make_q3_quants(16, 4, x[16 * g : 16 * g + 16], L[16 * g : 16 * g + 16])
         if abs(scales[g]) > amax:
             amax = abs(scales[g])
             max_scale = scales[g]
@@ -153,7 +182,7 @@ def _ref_block(x, out, o):
         store_f16(out, o + _O_D, F1 / iscale)
     else:
         store_f16(out, o + _O_D, F0)
-    _finish(x, L, out, o)
+    _finish(x, Lt, out, o)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
@@ -164,32 +193,36 @@ def _quantize_ref_kernel(x, out):
 
 @njit(cache=True, error_model="numpy")
 def _impl_block(x, qw, out, o):
-    """``quantize_row_q3_K_impl`` for one super-block."""
-    L = np.empty(QK, dtype=np.int8)
-    scales = np.empty(16, dtype=np.float32)
-    weight = np.empty(16, dtype=np.float32)
-    sw = np.empty(16, dtype=np.float32)
+    """``quantize_row_q3_K_impl`` for one super-block (the 16 groups' searches side by side,
+    group ``g`` in lane ``g``)."""
+    xt = np.empty(QK, dtype=np.float32)
+    wt = np.empty(QK, dtype=np.float32)
+    Lt = np.empty(QK, dtype=np.int32)
+    Lauxt = np.empty(QK, dtype=np.int32)
+    scales = np.empty(LANES, dtype=np.float32)
     Ls = np.empty(16, dtype=np.int8)
     sumx2 = F0
     for j in range(QK):
         sumx2 += x[j] * x[j]
     sigma2 = F32(2.0) * sumx2 / F32(QK)
     for g in range(16):
-        xg = x[16 * g : 16 * g + 16]
         for k in range(16):
-            weight[k] = qw[16 * g + k] * np.sqrt(sigma2 + xg[k] * xg[k])
-        sumw = F0
-        for k in range(16):
-            sumw += weight[k]
-        sw[g] = sumw
-        scales[g] = make_qx_quants(16, 4, xg, L[16 * g : 16 * g + 16], weight)
+            v = x[16 * g + k]
+            xt[LANES * k + g] = v
+            wt[LANES * k + g] = qw[16 * g + k] * np.sqrt(sigma2 + v * v)
+    sw = vsplat_f32(F0)  # from +0 as ggml's sum (-0 weights)
+    for k in range(16):
+        sw = sw + vload_f32(wt, LANES * k)
+    sumw = np.empty(LANES, dtype=np.float32)
+    vstore_f32(sumw, 0, sw)
+    make_qx_quants_x16(16, 4, xt, wt, Lt, Lauxt, scales)
     for k in range(12):
         out[o + _O_SC + k] = 0
-    d_block = make_qx_quants(16, 32, scales, Ls, sw)
+    d_block = make_qx_quants(16, 32, scales, Ls, sumw)
     for g in range(16):
         _put_scale(out, o + _O_SC, g, np.int64(Ls[g]))
     store_f16(out, o + _O_D, d_block)
-    _finish(x, L, out, o)
+    _finish(x, Lt, out, o)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
