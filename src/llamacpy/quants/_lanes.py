@@ -272,8 +272,8 @@ def make_qx_quants_x16(n, nmax, xt, wt, Lt, Lauxt, res):
 
 @njit(cache=True, error_model="numpy")
 def make_q3_quants_x16(n, nmax, xt, Lt, res):
-    """:func:`~llamacpy.quants._search.make_q3_quants` on 16 groups of ``n``: quants
-    ``l + nmax`` to ``Lt`` (int32, transposed) and the scales to ``res[0:16]``.
+    """ggml's ``make_q3_quants`` (``do_rmse``; numpy twin in ``_search_np``) on 16 groups of
+    ``n``: quants ``l + nmax`` to ``Lt`` (int32, transposed) and the scales to ``res[0:16]``.
 
     A lane whose pass changes nothing keeps its state, so running further passes (while
     other lanes still change) leaves it as ggml's early exit does."""

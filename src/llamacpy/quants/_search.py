@@ -1,13 +1,14 @@
 """Scale searches of ggml's K-quants and non-linear quants (numba).
 
-Faithful float32 ports of ``make_qx_quants``, ``make_q3_quants``, ``make_qkx2_quants`` /
-``make_qkx3_quants``, ``make_qp_quants`` and ``best_index_int8`` from ggml-quants.c. The
+Faithful float32 ports of ``make_qx_quants``, ``make_qkx2_quants`` / ``make_qkx3_quants``,
+``make_qp_quants`` and ``best_index_int8`` from ggml-quants.c (``make_q3_quants`` exists only
+16 groups at a time, in ``_lanes.py``). The
 arithmetic order and the integer widths of the C code are kept on purpose (``(w*l)*l``, not
 ``w*(l*l)``; ``uint8_t``/``int8_t`` stores wrap) so that the results are bit-identical. The
 vectorized numpy twins are in ``_search_np.py``.
 
 Arrays passed in are 1-D slices; ``L``/``Laux`` output arrays must have the C element type
-(int8 for ``make_qx_quants``/``make_q3_quants``, uint8 for the others).
+(int8 for ``make_qx_quants``, uint8 for the others).
 """
 
 from __future__ import annotations
@@ -64,54 +65,6 @@ def make_qx_quants(n, nmax, x, L, w):
             scale = sumlx / suml2
             best = scale * sumlx
     return scale
-
-
-@njit(cache=True, error_model="numpy")
-def make_q3_quants(n, nmax, x, L):
-    """ggml's ``make_q3_quants`` with ``do_rmse = true`` (weights ``x*x``)."""
-    mx = F0
-    amax = F0
-    for i in range(n):
-        ax = abs(x[i])
-        if ax > amax:
-            amax = ax
-            mx = x[i]
-    if amax < GROUP_MAX_EPS:
-        for i in range(n):
-            L[i] = 0
-        return F0
-    iscale = F32(-nmax) / mx
-    sumlx = F0
-    suml2 = F0
-    for i in range(n):
-        l = max(-nmax, min(nmax - 1, nearest_int(iscale * x[i])))
-        L[i] = l
-        w = x[i] * x[i]
-        sumlx += w * x[i] * F32(l)
-        suml2 += w * F32(l) * F32(l)
-    for _ in range(5):
-        n_changed = 0
-        for i in range(n):
-            w = x[i] * x[i]
-            li = F32(L[i])
-            slx = sumlx - w * x[i] * li
-            if slx > F0:
-                sl2 = suml2 - w * li * li
-                new_l = max(-nmax, min(nmax - 1, nearest_int(x[i] * sl2 / slx)))
-                if new_l != L[i]:
-                    fl = F32(new_l)
-                    slx += w * x[i] * fl
-                    sl2 += w * fl * fl
-                    if sl2 > F0 and slx * slx * suml2 > sumlx * sumlx * sl2:
-                        L[i] = new_l
-                        sumlx = slx
-                        suml2 = sl2
-                        n_changed += 1
-        if n_changed == 0:
-            break
-    for i in range(n):
-        L[i] += nmax
-    return sumlx / suml2 if suml2 > F0 else F0
 
 
 @njit(cache=True, error_model="numpy")
