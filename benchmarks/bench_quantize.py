@@ -4,8 +4,9 @@
    :mod:`llamacpy.quants` against ggml's ``to_float`` / ``ggml_quantize_chunk`` (the functions
    llama-quantize runs, called through ctypes). Both sides split the rows into the same
    chunks and run them on a pool of NTHREAD threads (ctypes and numba both drop the GIL).
-   Both dequantize into the same preallocated output, as ``to_float`` does; ours is also
-   timed returning a new array per chunk (``new arrays``: the chunks' fresh pages included).
+   Both write into preallocated outputs, as ``to_float`` and ``ggml_quantize_chunk`` do;
+   our dequantize is also timed returning a new array per chunk (``new arrays``: the chunks'
+   fresh pages included).
 2. Whole model: ``llamacpy quantize`` against ``llama-quantize`` on the same input, preset
    and thread count: wall time of the command (process start included) and the time of the
    quantization itself (llama-quantize's own "quantize time"; our :func:`quantize_model`).
@@ -133,8 +134,10 @@ def bench_formats(
         y = np.empty_like(x)
         nb = q.shape[1]
 
-        def ours_q(fmt=fmt) -> None:
-            list(pool.map(lambda c: fmt.quantize(x[c[0] : c[1]]), chunks))
+        qo = np.empty_like(q)
+
+        def ours_q(fmt=fmt, qo=qo) -> None:
+            list(pool.map(lambda c: fmt.quantize(x[c[0] : c[1]], None, qo[c[0] : c[1]]), chunks))
 
         def ggml_q(t=t, ref=ref) -> None:
             list(pool.map(lambda c: ggml.quantize(t, x[c[0] : c[1]], ref[c[0] : c[1]]), chunks))
@@ -162,7 +165,7 @@ def bench_formats(
             ("d_ours_new", ours_d_new),
         ):
             res[label] = x.size / _best(fn, repeat) / 1e6
-        res["identical_rows"] = float(np.mean(np.all(q == ref, axis=1)))
+        res["identical_rows"] = float(np.mean(np.all(qo == ref, axis=1)))
         rows.append(res)
         print(
             f"{name:7s} quantize {res['q_ours']:8.1f} vs {res['q_ggml']:8.1f} Mval/s "

@@ -10,6 +10,7 @@ cache.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -72,7 +73,19 @@ def _rows_f32(t: TensorInfo, row0: int, nrows: int) -> np.ndarray:
     if t.type == GGMLType.F32:
         return raw.view(np.float32).reshape(nrows, ne0)
     fmt = quants.get(t.type, tensor=t.name)
-    return fmt.dequantize(raw, nrows * ne0).reshape(nrows, ne0)
+    return fmt.dequantize(raw, nrows * ne0, _scratch(nrows * ne0)).reshape(nrows, ne0)
+
+
+_SCRATCH = threading.local()
+
+
+def _scratch(n: int) -> np.ndarray:
+    """This thread's float32 buffer of ``n`` values for dequantized input rows (reused from
+    chunk to chunk instead of faulting in fresh memory each time)."""
+    buf = getattr(_SCRATCH, "buf", None)
+    if buf is None or buf.size < n:
+        buf = _SCRATCH.buf = np.empty(max(n, CHUNK_ELEMENTS), np.float32)
+    return buf[:n]
 
 
 def chunks(job: TensorJob, chunk_elements: int | None = None) -> list[tuple[int, int, int]]:
@@ -96,11 +109,11 @@ def _convert_rows(job: TensorJob, out: np.ndarray, row0: int, nrows: int, mat: i
 
     qw = job.imatrix[mat] if job.imatrix is not None else None
     x = _rows_f32(job.tensor, row0, nrows)
-    q = quants.get(job.target).quantize(x, qw)
+    q = out[row0 : row0 + nrows]  # whole rows: contiguous, written in place
+    quants.get(job.target).quantize(x, qw, q)
     problem = invalid_data(job.target, q)
     if problem:
         raise GGUFError(f"quantized data validation failed: {problem}", tensor=job.name)
-    out[row0 : row0 + nrows] = q
 
 
 def _copy(job: TensorJob) -> Any:

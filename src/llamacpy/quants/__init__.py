@@ -94,15 +94,22 @@ def dequantize(
 
 
 def quantize(
-    array: np.ndarray, ggml_type: GGMLType | int | str, imatrix: np.ndarray | None = None
+    array: np.ndarray,
+    ggml_type: GGMLType | int | str,
+    imatrix: np.ndarray | None = None,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """Quantize a float array (rows on the last axis) to ggml's bytes, as llama.cpp does.
 
     Returns uint8 of shape ``(*array.shape[:-1], bytes_per_row)``. ``imatrix`` (per column:
     shape ``(row_length,)``, or one such vector per matrix of a stacked tensor) selects
-    llama.cpp's importance-weighted path where the format has one.
+    llama.cpp's importance-weighted path where the format has one. ``out`` (a writable
+    C-contiguous uint8 array with as many bytes) receives the bytes and is returned, instead
+    of a new array.
     """
     fmt = get(ggml_type)
     if fmt.quantize is None:
         raise UnsupportedQuantTypeError(fmt.ggml_type, what="for quantization")
+    if out is not None:
+        return fmt.quantize(array, imatrix, out)
     return fmt.quantize(array, imatrix)

@@ -308,18 +308,40 @@ def run_dequantize(kernel, raw, n: int, block_size: int, type_size: int, name: s
     return y if out is None else out
 
 
-def run_quantize(ref_kernel, impl_kernel, x, imatrix, block_size: int, type_size: int, name: str):
+def quantize_out(out, shape: tuple[int, ...], name: str) -> np.ndarray:
+    """The uint8 array of ``shape`` a quantizer writes to: a new one, or a view of ``out`` (a
+    writable C-contiguous uint8 array with as many bytes, any shape), so that a caller can
+    have the bytes written where they go (ggml's ``ggml_quantize_chunk`` writes to its
+    caller's memory too)."""
+    if out is None:
+        return np.empty(shape, dtype=np.uint8)
+    n = int(np.prod(shape, dtype=np.int64))
+    if not (
+        isinstance(out, np.ndarray)
+        and out.dtype == np.uint8
+        and out.flags.c_contiguous
+        and out.flags.writeable
+        and out.size == n
+    ):
+        raise QuantError(f"{name}: out must be a writable C-contiguous uint8 array of {n} bytes")
+    return out.reshape(shape)
+
+
+def run_quantize(
+    ref_kernel, impl_kernel, x, imatrix, block_size: int, type_size: int, name: str, out=None
+):
     """Validate, then run ``ref_kernel(x_flat, out_flat)`` (no imatrix: ggml's
     ``quantize_row_*_ref`` over all rows as one) or ``impl_kernel(rows, qw, rows_per_qw, out)``
-    (ggml's ``quantize_row_*_impl`` row by row). Returns uint8 of shape ``(..., row_bytes)``."""
+    (ggml's ``quantize_row_*_impl`` row by row). Returns uint8 of shape ``(..., row_bytes)``,
+    or ``out`` itself when given (see :func:`quantize_out`)."""
     rows = as_rows(x, block_size, name)
-    out = np.empty((rows.shape[0], rows.shape[1] // block_size * type_size), dtype=np.uint8)
+    dst = quantize_out(out, (rows.shape[0], rows.shape[1] // block_size * type_size), name)
     if imatrix is None or impl_kernel is None:
-        ref_kernel(rows.reshape(-1), out.reshape(-1))
+        ref_kernel(rows.reshape(-1), dst.reshape(-1))
     else:
         qw, rows_per_qw = as_imatrix(imatrix, rows, name)
-        impl_kernel(rows, qw, rows_per_qw, out)
-    return out.reshape(out_shape(np.shape(x), block_size, type_size))
+        impl_kernel(rows, qw, rows_per_qw, dst)
+    return out if out is not None else dst.reshape(out_shape(np.shape(x), block_size, type_size))
 
 
 def run_quantize_np(ref_np, impl_np, x, imatrix, block_size: int, type_size: int, name: str):

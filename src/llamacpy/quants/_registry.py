@@ -21,9 +21,9 @@ class QuantFormat:
 
     ``dequantize(raw, n, out=None)`` turns the bytes of ``n`` elements into float32 (numba;
     written to ``out``, a float32 array of ``n`` elements, when given);
-    ``quantize(x, imatrix=None)`` turns a float array whose last axis is a row into uint8 of
-    shape ``(..., bytes_per_row)`` (numba), with the same bytes llama.cpp's
-    ``ggml_quantize_chunk`` writes. The ``*_numpy`` twins are independent vectorized
+    ``quantize(x, imatrix=None, out=None)`` turns a float array whose last axis is a row into
+    uint8 of shape ``(..., bytes_per_row)`` (numba; written to ``out``, a uint8 array with as
+    many bytes, when given), with the same bytes llama.cpp's ``ggml_quantize_chunk`` writes. The ``*_numpy`` twins are independent vectorized
     implementations of the same functions (slower; used to cross-check; no ``out``).
     ``vec_dot_type`` is the type ggml's CPU backend converts activations to for dot products
     with this type.

@@ -23,6 +23,7 @@ from llamacpy.quants._helpers import (
     fp32_to_fp16,
     fp32_to_fp16_np,
     out_shape,
+    quantize_out,
     run_dequantize,
 )
 from llamacpy.quants._registry import QuantFormat, register
@@ -58,9 +59,13 @@ def dequantize_f32(raw, n: int, out: np.ndarray | None = None) -> np.ndarray:
     return out
 
 
-def quantize_f32(x, imatrix=None) -> np.ndarray:
-    """float array -> F32 bytes."""
-    return np.array(_rows(x, "F32")).view(np.uint8).reshape(_shape(x, 4))
+def quantize_f32(x, imatrix=None, out=None) -> np.ndarray:
+    """float array -> F32 bytes (in ``out`` if given, see ``quantize_out``)."""
+    rows = _rows(x, "F32")
+    if out is None:
+        return np.array(rows).view(np.uint8).reshape(_shape(x, 4))
+    np.copyto(quantize_out(out, (rows.size * 4,), "F32").view(np.float32), rows)
+    return out
 
 
 # ----------------------------------------------------------------------------- F16
@@ -77,11 +82,9 @@ def _f16_dequantize_kernel(raw, y):
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def _f16_quantize_kernel(x):
-    out = np.empty(x.size, dtype=np.uint16)
+def _f16_quantize_kernel(x, out):
     for i in prange(x.size):
         out[i] = fp32_to_fp16(x[i])
-    return out
 
 
 def dequantize_f16(raw, n: int, out: np.ndarray | None = None) -> np.ndarray:
@@ -94,9 +97,13 @@ def dequantize_f16_numpy(raw, n: int) -> np.ndarray:
     return fp16_to_fp32_np(_raw(raw, n, 2, "F16"))
 
 
-def quantize_f16(x, imatrix=None) -> np.ndarray:
-    """float array -> F16 bytes, as ggml's ``ggml_fp32_to_fp16_row`` (numba)."""
-    return _f16_quantize_kernel(_rows(x, "F16")).view(np.uint8).reshape(_shape(x, 2))
+def quantize_f16(x, imatrix=None, out=None) -> np.ndarray:
+    """float array -> F16 bytes, as ggml's ``ggml_fp32_to_fp16_row`` (numba), in ``out`` if
+    given (see ``quantize_out``)."""
+    rows = _rows(x, "F16")
+    dst = quantize_out(out, (rows.size * 2,), "F16")
+    _f16_quantize_kernel(rows, dst.view(np.uint16))
+    return out if out is not None else dst.reshape(_shape(x, 2))
 
 
 def quantize_f16_numpy(x, imatrix=None) -> np.ndarray:
@@ -119,14 +126,13 @@ def _bf16_dequantize_kernel(raw, y):
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def _bf16_quantize_kernel(x):
-    """16 values per SIMD step (ggml's rounding and NaN rule, as :func:`fp32_to_bf16`)."""
-    out = np.empty(x.size, dtype=np.uint16)
+def _bf16_quantize_kernel(x, out):
+    """16 values per SIMD step (ggml's rounding and NaN rule, as :func:`fp32_to_bf16`) into
+    the uint16 ``out``."""
     for i in prange(x.size // 16):
         vstore_bf16(out, 16 * i, vload_f32(x, 16 * i))
     for i in range(x.size // 16 * 16, x.size):
         out[i] = fp32_to_bf16(x[i])
-    return out
 
 
 def dequantize_bf16(raw, n: int, out: np.ndarray | None = None) -> np.ndarray:
@@ -139,9 +145,13 @@ def dequantize_bf16_numpy(raw, n: int) -> np.ndarray:
     return (_raw(raw, n, 2, "BF16").view(np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
-def quantize_bf16(x, imatrix=None) -> np.ndarray:
-    """float array -> BF16 bytes, as ggml's ``ggml_fp32_to_bf16_row_ref`` (numba)."""
-    return _bf16_quantize_kernel(_rows(x, "BF16")).view(np.uint8).reshape(_shape(x, 2))
+def quantize_bf16(x, imatrix=None, out=None) -> np.ndarray:
+    """float array -> BF16 bytes, as ggml's ``ggml_fp32_to_bf16_row_ref`` (numba), in ``out``
+    if given (see ``quantize_out``)."""
+    rows = _rows(x, "BF16")
+    dst = quantize_out(out, (rows.size * 2,), "BF16")
+    _bf16_quantize_kernel(rows, dst.view(np.uint16))
+    return out if out is not None else dst.reshape(_shape(x, 2))
 
 
 def quantize_bf16_numpy(x, imatrix=None) -> np.ndarray:

@@ -169,10 +169,10 @@ def _quantize_row_ref_kernel(x, out):
         _block(x[i * QK : (i + 1) * QK], x[:0], False, out, i * TYPE_SIZE, -1, L)
 
 
-def quantize(x, imatrix=None) -> np.ndarray:
+def quantize(x, imatrix=None, out=None) -> np.ndarray:
     """Quantize rows (last axis) to IQ4_NL bytes, as llama.cpp's ``quantize_iq4_nl``."""
     return run_quantize(
-        _quantize_ref_kernel, _quantize_impl_kernel, x, imatrix, QK, TYPE_SIZE, TYPE.name
+        _quantize_ref_kernel, _quantize_impl_kernel, x, imatrix, QK, TYPE_SIZE, TYPE.name, out
     )
 
 

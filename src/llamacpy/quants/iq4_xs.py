@@ -145,10 +145,10 @@ def _quantize_impl_kernel(rows, qw, rows_per_qw, out):
             _block(rows[r, s], w[s], True, out[r], i * TYPE_SIZE)
 
 
-def quantize(x, imatrix=None) -> np.ndarray:
+def quantize(x, imatrix=None, out=None) -> np.ndarray:
     """Quantize rows (last axis) to IQ4_XS bytes, as llama.cpp's ``quantize_iq4_xs``."""
     return run_quantize(
-        _quantize_ref_kernel, _quantize_impl_kernel, x, imatrix, QK, TYPE_SIZE, TYPE.name
+        _quantize_ref_kernel, _quantize_impl_kernel, x, imatrix, QK, TYPE_SIZE, TYPE.name, out
     )
 
 

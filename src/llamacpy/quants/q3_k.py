@@ -235,10 +235,10 @@ def _quantize_impl_kernel(rows, qw, rows_per_qw, out):
             _impl_block(rows[r, s], w[s], out[r], i * TYPE_SIZE)
 
 
-def quantize(x, imatrix=None) -> np.ndarray:
+def quantize(x, imatrix=None, out=None) -> np.ndarray:
     """Quantize rows (last axis) to Q3_K bytes, as llama.cpp's ``quantize_q3_K`` (numba)."""
     return run_quantize(
-        _quantize_ref_kernel, _quantize_impl_kernel, x, imatrix, QK, TYPE_SIZE, TYPE.name
+        _quantize_ref_kernel, _quantize_impl_kernel, x, imatrix, QK, TYPE_SIZE, TYPE.name, out
     )
 
 

@@ -114,10 +114,10 @@ def _quantize_impl_kernel(rows, qw, rows_per_qw, out):
                 out[r, o + 4 + j] = L[j] | (L[j + QK // 2] << 4)
 
 
-def quantize(x, imatrix=None) -> np.ndarray:
+def quantize(x, imatrix=None, out=None) -> np.ndarray:
     """Quantize rows (last axis) to Q4_1 bytes, as llama.cpp's ``quantize_q4_1`` (numba)."""
     return run_quantize(
-        _quantize_ref_kernel, _quantize_impl_kernel, x, imatrix, QK, TYPE_SIZE, TYPE.name
+        _quantize_ref_kernel, _quantize_impl_kernel, x, imatrix, QK, TYPE_SIZE, TYPE.name, out
     )
 
 

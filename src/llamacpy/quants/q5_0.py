@@ -170,10 +170,10 @@ def _quantize_impl_kernel(rows, qw, rows_per_qw, out):
             pack_5bit(L, out[r], o + 2, o + 6)
 
 
-def quantize(x, imatrix=None) -> np.ndarray:
+def quantize(x, imatrix=None, out=None) -> np.ndarray:
     """Quantize rows (last axis) to Q5_0 bytes, as llama.cpp's ``quantize_q5_0`` (numba)."""
     return run_quantize(
-        _quantize_ref_kernel, _quantize_impl_kernel, x, imatrix, QK, TYPE_SIZE, TYPE.name
+        _quantize_ref_kernel, _quantize_impl_kernel, x, imatrix, QK, TYPE_SIZE, TYPE.name, out
     )
 
 

@@ -85,10 +85,10 @@ def _quantize_ref_kernel(x, out):
         quantize_block(x[i * QK : (i + 1) * QK], out, i * TYPE_SIZE)
 
 
-def quantize(x, imatrix=None) -> np.ndarray:
+def quantize(x, imatrix=None, out=None) -> np.ndarray:
     """Quantize rows (last axis) to Q8_0 bytes, as llama.cpp's ``quantize_q8_0`` (numba);
     ``imatrix`` is accepted and ignored, as in llama.cpp."""
-    return run_quantize(_quantize_ref_kernel, None, x, None, QK, TYPE_SIZE, TYPE.name)
+    return run_quantize(_quantize_ref_kernel, None, x, None, QK, TYPE_SIZE, TYPE.name, out)
 
 
 def quantize_blocks_np(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

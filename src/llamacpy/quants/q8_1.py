@@ -68,10 +68,10 @@ def _quantize_ref_kernel(x, out):
             out[o + 4 + j] = tmp[2 + j]
 
 
-def quantize(x, imatrix=None) -> np.ndarray:
+def quantize(x, imatrix=None, out=None) -> np.ndarray:
     """Quantize rows (last axis) to Q8_1 bytes, as ``quantize_row_q8_1_ref`` (numba);
     ``imatrix`` is ignored."""
-    return run_quantize(_quantize_ref_kernel, None, x, None, QK, TYPE_SIZE, TYPE.name)
+    return run_quantize(_quantize_ref_kernel, None, x, None, QK, TYPE_SIZE, TYPE.name, out)
 
 
 def _ref_np(blocks: np.ndarray) -> np.ndarray:
