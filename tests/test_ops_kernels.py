@@ -90,7 +90,7 @@ def test_attention_matches_twin(kv_type: int, mode: int) -> None:
         pytest.skip("the tiled and split paths are for f16/f32 caches (as in ggml)")
     rng = np.random.default_rng(6)
     nh, nkv, hd, n_kv = 4, 2, 64, 96 if mode != 2 else 600
-    n = 1 if mode == 2 else 20
+    n = 1 if mode == 2 else 21  # (tiled: blocks of 16 and 5 rows, pairs and a single)
     kc, vc = _cache(rng, kv_type, n_kv, hd, nkv)
     q = rng.standard_normal((n, nh * hd)).astype(F32)
     mask = np.zeros((n, n_kv), np.uint8)
@@ -117,25 +117,30 @@ def test_attention_matches_twin(kv_type: int, mode: int) -> None:
         attention.attention_rows(
             0, 1, n, n_kv, *args, kv_type, rb, q, *kv, mask, out, qv, qq, vb, res
         )
-    elif mode == 1:  # softmax states for one query head at a time, then for the group
+    elif mode == 1:  # softmax states for one query head at a time, then for the group;
+        # query rows one at a time, then in pairs (score scratch for two): the same bits
+        first = None
         for n_states in (32, 32 * (nh // nkv)):
-            attention.attention_tiled(
-                0,
-                1,
-                n,
-                n_kv,
-                *args,
-                rb,
-                q,
-                *kv,
-                mask,
-                out,
-                np.zeros((hd, 64), F32),
-                np.zeros((64, hd), F32),
-                np.zeros(64, F32),
-                np.zeros(n_states, F32),
-            )
-            np.testing.assert_allclose(out.reshape(n, nh, hd), want, rtol=0, atol=1e-5)
+            for n_scores in (64, 128):
+                attention.attention_tiled(
+                    0,
+                    1,
+                    n,
+                    n_kv,
+                    *args,
+                    rb,
+                    q,
+                    *kv,
+                    mask,
+                    out,
+                    np.zeros((hd, 64), F32),
+                    np.zeros((64, hd), F32),
+                    np.zeros(n_scores, F32),
+                    np.zeros(n_states, F32),
+                )
+                np.testing.assert_allclose(out.reshape(n, nh, hd), want, rtol=0, atol=1e-5)
+                first = out.copy() if first is None else first
+                np.testing.assert_array_equal(out, first)
     else:  # the two phases of the split, threads played one after the other
         pm, ps, pv = (
             np.zeros((nh, nth), F32),

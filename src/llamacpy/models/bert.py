@@ -72,7 +72,7 @@ class BertWorkspace:
             z((nt, d), _F32),  # accumulator
             z((nt, d, tile), _F32),  # K tile (transposed)
             z((nt, tile, d), _F32),  # V tile
-            z((nt, tile), _F32),  # tile scores
+            z((nt, 2 * tile), _F32),  # tile scores of two query rows
             z((nt, 32), _F32),  # softmax states of a 16-token block
         )
         self._alloc(n_tokens)

@@ -88,7 +88,7 @@ class Workspace:
             z((nt, d), np.float32),  # accumulator
             z((nt, d, tile), np.float32),  # K tile (transposed)
             z((nt, tile, d), np.float32),  # V tile
-            z((nt, tile), np.float32),  # tile scores
+            z((nt, 2 * tile), np.float32),  # tile scores of two query rows
             z((nt, 32 * (n_head // hp.n_head_kv)), np.float32),  # softmax states of a block
             z((n_head, nt), np.float32),  # split partials: M
             z((n_head, nt), np.float32),  # S

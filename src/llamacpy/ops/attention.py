@@ -259,6 +259,114 @@ def load_tile(kc, vc, ko, vo, cstride, kv_type, hd, c0, n, kt, vt):
                 vt[c, d] = 0
 
 
+@njit(cache=True, inline="always")
+def _tile_scores(p, kq0, kq1, kq2, kq3, scale, mask, mo, c0, n):
+    """One row's scaled scores of a tile into ``p``, masked and past-``n`` cells at -inf;
+    returns their maximum."""
+    sc = vsplat_f32(scale)
+    vstore_f32(p, 0, kq0 * sc)
+    vstore_f32(p, 16, kq1 * sc)
+    vstore_f32(p, 32, kq2 * sc)
+    vstore_f32(p, 48, kq3 * sc)
+    for c in range(TILE):
+        if c >= n or mask[mo + c0 + c] == 0:
+            p[c] = _NEG_INF
+    tmax = max(vhmax(vload_f32(p, 0)), vhmax(vload_f32(p, 16)))
+    return max(tmax, max(vhmax(vload_f32(p, 32)), vhmax(vload_f32(p, 48))))
+
+
+@njit(cache=True, inline="always")
+def _tile_softmax(p, tmax, hd, state, res):
+    """One row's online-softmax step: rescale ``res``/``state`` to the new maximum and turn
+    the scores in ``p`` into probabilities (ggml_vec_soft_max_f32: ggml's vector exp,
+    16-lane sums added in double)."""
+    m_old = state[0]
+    m_new = max(m_old, tmax)
+    if m_new > m_old:
+        ms = np.exp(m_old - m_new)
+        for i in range(0, hd, 16):
+            vstore_f32(res, i, vload_f32(res, i) * vsplat_f32(ms))
+        state[1] *= ms
+    state[0] = m_new
+    tot = 0.0
+    mv = vsplat_f32(m_new)
+    for c in range(0, TILE, 16):
+        e = vexp_ggml(vload_f32(p, c) - mv)
+        vstore_f32(p, c, e)
+        tot += np.float64(vhsum(e))
+    state[1] = _F32(np.float64(state[1]) + tot)
+
+
+@njit(cache=True, inline="always")
+def _tile_pv(p, n, vt, hd, res):
+    """``res += p . V`` for one row: 64 dimensions at a time held in registers across the
+    cells (through memory, each cell's update waited for the previous one's store); cells
+    with probability 0 are skipped."""
+    i0 = 0
+    while i0 + 64 <= hd:
+        r0, r1 = vload_f32(res, i0), vload_f32(res, i0 + 16)
+        r2, r3 = vload_f32(res, i0 + 32), vload_f32(res, i0 + 48)
+        for c in range(n):
+            if p[c] != 0:
+                pc = vsplat_f32(p[c])
+                r0 = vfma(pc, vload_f32(vt[c], i0), r0)
+                r1 = vfma(pc, vload_f32(vt[c], i0 + 16), r1)
+                r2 = vfma(pc, vload_f32(vt[c], i0 + 32), r2)
+                r3 = vfma(pc, vload_f32(vt[c], i0 + 48), r3)
+        vstore_f32(res, i0, r0)
+        vstore_f32(res, i0 + 16, r1)
+        vstore_f32(res, i0 + 32, r2)
+        vstore_f32(res, i0 + 48, r3)
+        i0 += 64
+    for c in range(n):
+        if p[c] != 0:
+            pc = vsplat_f32(p[c])
+            for i in range(i0, hd, 16):
+                vstore_f32(res, i, vfma(pc, vload_f32(vt[c], i), vload_f32(res, i)))
+
+
+@njit(cache=True, inline="always")
+def _tile_pv2(pa, pb, n, vt, hd, ra, rb):
+    """:func:`_tile_pv` for two rows sharing the V tile (each row's operations unchanged)."""
+    i0 = 0
+    while i0 + 64 <= hd:
+        a0, a1 = vload_f32(ra, i0), vload_f32(ra, i0 + 16)
+        a2, a3 = vload_f32(ra, i0 + 32), vload_f32(ra, i0 + 48)
+        b0, b1 = vload_f32(rb, i0), vload_f32(rb, i0 + 16)
+        b2, b3 = vload_f32(rb, i0 + 32), vload_f32(rb, i0 + 48)
+        for c in range(n):
+            v0, v1 = vload_f32(vt[c], i0), vload_f32(vt[c], i0 + 16)
+            v2, v3 = vload_f32(vt[c], i0 + 32), vload_f32(vt[c], i0 + 48)
+            if pa[c] != 0:
+                pc = vsplat_f32(pa[c])
+                a0, a1 = vfma(pc, v0, a0), vfma(pc, v1, a1)
+                a2, a3 = vfma(pc, v2, a2), vfma(pc, v3, a3)
+            if pb[c] != 0:
+                pc = vsplat_f32(pb[c])
+                b0, b1 = vfma(pc, v0, b0), vfma(pc, v1, b1)
+                b2, b3 = vfma(pc, v2, b2), vfma(pc, v3, b3)
+        vstore_f32(ra, i0, a0)
+        vstore_f32(ra, i0 + 16, a1)
+        vstore_f32(ra, i0 + 32, a2)
+        vstore_f32(ra, i0 + 48, a3)
+        vstore_f32(rb, i0, b0)
+        vstore_f32(rb, i0 + 16, b1)
+        vstore_f32(rb, i0 + 32, b2)
+        vstore_f32(rb, i0 + 48, b3)
+        i0 += 64
+    if i0 < hd:
+        for c in range(n):
+            if pa[c] != 0:
+                pc = vsplat_f32(pa[c])
+                for i in range(i0, hd, 16):
+                    vstore_f32(ra, i, vfma(pc, vload_f32(vt[c], i), vload_f32(ra, i)))
+        for c in range(n):
+            if pb[c] != 0:
+                pc = vsplat_f32(pb[c])
+                for i in range(i0, hd, 16):
+                    vstore_f32(rb, i, vfma(pc, vload_f32(vt[c], i), vload_f32(rb, i)))
+
+
 @njit(cache=True)
 def attend_tile(q, qo, hd, kt, vt, mask, mo, c0, n, scale, state, res, p):
     """Update one query row's softmax state (``state`` = [M, S]) and accumulator ``res`` with
@@ -271,39 +379,40 @@ def attend_tile(q, qo, hd, kt, vt, mask, mo, c0, n, scale, state, res, p):
         kq1 = vfma(qd, vload_f32(kt[d], 16), kq1)
         kq2 = vfma(qd, vload_f32(kt[d], 32), kq2)
         kq3 = vfma(qd, vload_f32(kt[d], 48), kq3)
-    sc = vsplat_f32(scale)
-    vstore_f32(p, 0, kq0 * sc)
-    vstore_f32(p, 16, kq1 * sc)
-    vstore_f32(p, 32, kq2 * sc)
-    vstore_f32(p, 48, kq3 * sc)
-    for c in range(TILE):
-        if c >= n or mask[mo + c0 + c] == 0:
-            p[c] = _NEG_INF
-    tmax = max(vhmax(vload_f32(p, 0)), vhmax(vload_f32(p, 16)))
-    tmax = max(tmax, max(vhmax(vload_f32(p, 32)), vhmax(vload_f32(p, 48))))
+    tmax = _tile_scores(p, kq0, kq1, kq2, kq3, scale, mask, mo, c0, n)
     if tmax == _NEG_INF:
         return
-    m_old = state[0]
-    m_new = max(m_old, tmax)
-    if m_new > m_old:
-        ms = np.exp(m_old - m_new)
-        for i in range(0, hd, 16):
-            vstore_f32(res, i, vload_f32(res, i) * vsplat_f32(ms))
-        state[1] *= ms
-    state[0] = m_new
-    # ggml_vec_soft_max_f32: ggml's vector exp, 16-lane sums added in double
-    tot = 0.0
-    mv = vsplat_f32(m_new)
-    for c in range(0, TILE, 16):
-        e = vexp_ggml(vload_f32(p, c) - mv)
-        vstore_f32(p, c, e)
-        tot += np.float64(vhsum(e))
-    state[1] = _F32(np.float64(state[1]) + tot)
-    for c in range(n):
-        if p[c] != 0:
-            pc = vsplat_f32(p[c])
-            for i in range(0, hd, 16):
-                vstore_f32(res, i, vfma(pc, vload_f32(vt[c], i), vload_f32(res, i)))
+    _tile_softmax(p, tmax, hd, state, res)
+    _tile_pv(p, n, vt, hd, res)
+
+
+@njit(cache=True)
+def attend_tile2(qa, qb, qo, hd, kt, vt, ma, mb, c0, n, scale, sa, sb, ra, rb, pa, pb):
+    """:func:`attend_tile` for two query rows (``qa``/``qb``, masks ``ma``/``mb``, states,
+    accumulators, scratch) sharing the tile: each K and V vector is loaded once for both,
+    and twice as many independent sums keep the FMA units busy. Each row's operations and
+    their order are those of :func:`attend_tile`: the results are bit-identical."""
+    a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = vzero_f32()
+    for d in range(hd):
+        k0, k1 = vload_f32(kt[d], 0), vload_f32(kt[d], 16)
+        k2, k3 = vload_f32(kt[d], 32), vload_f32(kt[d], 48)
+        qd = vsplat_f32(qa[qo + d])
+        a0, a1, a2, a3 = vfma(qd, k0, a0), vfma(qd, k1, a1), vfma(qd, k2, a2), vfma(qd, k3, a3)
+        qd = vsplat_f32(qb[qo + d])
+        b0, b1, b2, b3 = vfma(qd, k0, b0), vfma(qd, k1, b1), vfma(qd, k2, b2), vfma(qd, k3, b3)
+    ta = _tile_scores(pa, a0, a1, a2, a3, scale, ma, 0, c0, n)
+    tb = _tile_scores(pb, b0, b1, b2, b3, scale, mb, 0, c0, n)
+    live_a, live_b = ta != _NEG_INF, tb != _NEG_INF
+    if live_a:
+        _tile_softmax(pa, ta, hd, sa, ra)
+    if live_b:
+        _tile_softmax(pb, tb, hd, sb, rb)
+    if live_a and live_b:
+        _tile_pv2(pa, pb, n, vt, hd, ra, rb)
+    elif live_a:
+        _tile_pv(pa, n, vt, hd, ra)
+    elif live_b:
+        _tile_pv(pb, n, vt, hd, rb)
 
 
 # ----------------------------------------------------------------------------- drivers
@@ -454,11 +563,13 @@ def attention_tiled(
     """Ubatches of 64 tokens and more: work items are (KV head, block of 16 tokens), dealt
     round-robin (later blocks see more cells); each tile of cells is loaded once for as many
     of the ``gqa`` query heads sharing the KV head as ``st`` holds softmax states for (32
-    floats each: 32 * ``gqa`` loads every tile once). Every query row still sees the tiles
-    in cell order, so its numerics do not depend on the grouping."""
+    floats each: 32 * ``gqa`` loads every tile once), and to two query rows at a time when
+    ``pt`` holds two rows' scores (2 * TILE floats). Every query row still sees the tiles
+    in cell order with the same operations, so its numerics do not depend on the grouping."""
     nb = (n_tok + 15) // 16
     n_kv_head = n_head // gqa
     gfit = max(1, min(gqa, st.shape[0] // 32))
+    pair = pt.shape[0] >= 2 * TILE  # scratch for two rows' scores: rows go in pairs
     for i in range(tid, n_kv_head * nb, nth):
         hk, blk = i % n_kv_head, i // n_kv_head
         q0, q1 = 16 * blk, min(16 * blk + 16, n_tok)
@@ -487,12 +598,22 @@ def attention_tiled(
                 load_tile(kc, vc, ho, ho, rowb, kv_type, hd, c0, n, kt, vt)
                 for g in range(g0, g1):
                     h = hk * gqa + g
-                    for t in range(q0, q1):
+                    t = q0
+                    while t + 1 < q1 and pair:  # two rows at a time (same numerics)
+                        s = 32 * (g - g0) + 2 * (t - q0)
+                        attend_tile2(
+                            Q[t], Q[t + 1], h * hd, hd, kt, vt, mask[t], mask[t + 1], c0, n,
+                            scale, st[s : s + 2], st[s + 2 : s + 4], ATT[t, h * hd :],
+                            ATT[t + 1, h * hd :], pt[:TILE], pt[TILE : 2 * TILE],
+                        )  # fmt: skip
+                        t += 2
+                    while t < q1:
                         s = 32 * (g - g0) + 2 * (t - q0)
                         attend_tile(
                             Q[t], h * hd, hd, kt, vt, mask[t], 0, c0, n, scale, st[s : s + 2],
                             ATT[t, h * hd :], pt,
                         )  # fmt: skip
+                        t += 1
             for g in range(g0, g1):
                 h = hk * gqa + g
                 for t in range(q0, q1):
