@@ -89,8 +89,9 @@ def test_attention_matches_twin(kv_type: int, mode: int) -> None:
     if mode and kv_type == KV_Q8_0:
         pytest.skip("the tiled and split paths are for f16/f32 caches (as in ggml)")
     rng = np.random.default_rng(6)
-    nh, nkv, hd, n_kv = 4, 2, 64, 96 if mode != 2 else 600
-    n = 1 if mode == 2 else 21  # (tiled: blocks of 16 and 5 rows, pairs and a single)
+    nh, nkv, hd, n_kv = 4, 2, 64, (96, 200, 600)[mode]
+    # tiled: 150 rows (blocks of 16, 32 or 64 rows with a short last one; pairs and singles)
+    n = (21, 150, 1)[mode]
     kc, vc = _cache(rng, kv_type, n_kv, hd, nkv)
     q = rng.standard_normal((n, nh * hd)).astype(F32)
     mask = np.zeros((n, n_kv), np.uint8)
@@ -117,10 +118,11 @@ def test_attention_matches_twin(kv_type: int, mode: int) -> None:
         attention.attention_rows(
             0, 1, n, n_kv, *args, kv_type, rb, q, *kv, mask, out, qv, qq, vb, res
         )
-    elif mode == 1:  # softmax states for one query head at a time, then for the group;
-        # query rows one at a time, then in pairs (score scratch for two): the same bits
+    elif mode == 1:  # softmax states for one query head at a time, the group, blocks of 16
+        # to 64 rows; query rows one at a time, then in pairs (score scratch for two): the
+        # same bits every way
         first = None
-        for n_states in (32, 32 * (nh // nkv)):
+        for n_states in (32, 32 * (nh // nkv), 64, 128 * (nh // nkv)):
             for n_scores in (64, 128):
                 attention.attention_tiled(
                     0,

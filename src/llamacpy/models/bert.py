@@ -73,7 +73,7 @@ class BertWorkspace:
             z((nt, d, tile), _F32),  # K tile (transposed)
             z((nt, tile, d), _F32),  # V tile
             z((nt, 2 * tile), _F32),  # tile scores of two query rows
-            z((nt, 32), _F32),  # softmax states of a 16-token block
+            z((nt, 128), _F32),  # softmax states of a block (64 tokens)
         )
         self._alloc(n_tokens)
 

@@ -89,7 +89,7 @@ class Workspace:
             z((nt, d, tile), np.float32),  # K tile (transposed)
             z((nt, tile, d), np.float32),  # V tile
             z((nt, 2 * tile), np.float32),  # tile scores of two query rows
-            z((nt, 32 * (n_head // hp.n_head_kv)), np.float32),  # softmax states of a block
+            z((nt, 128 * (n_head // hp.n_head_kv)), np.float32),  # softmax states of a block
             z((n_head, nt), np.float32),  # split partials: M
             z((n_head, nt), np.float32),  # S
             z((n_head, nt, d), np.float32),  # VKQ

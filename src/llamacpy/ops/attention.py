@@ -560,19 +560,28 @@ def attention_tiled(
     pt,
     st,
 ):
-    """Ubatches of 64 tokens and more: work items are (KV head, block of 16 tokens), dealt
-    round-robin (later blocks see more cells); each tile of cells is loaded once for as many
-    of the ``gqa`` query heads sharing the KV head as ``st`` holds softmax states for (32
-    floats each: 32 * ``gqa`` loads every tile once), and to two query rows at a time when
-    ``pt`` holds two rows' scores (2 * TILE floats). Every query row still sees the tiles
-    in cell order with the same operations, so its numerics do not depend on the grouping."""
-    nb = (n_tok + 15) // 16
+    """Ubatches of 64 tokens and more: work items are (KV head, block of 16, 32 or 64
+    tokens), dealt round-robin (later blocks see more cells); a block is as large as ``st``
+    holds softmax states for (2 floats a row) while leaving every thread four items or
+    more. Each tile of cells is loaded once per block for as many of the ``gqa`` query heads
+    sharing the KV head as ``st`` holds states for (``128 * gqa`` floats: 64-token blocks,
+    all heads), and goes to two query rows at a time when ``pt`` holds two rows' scores
+    (2 * TILE floats). Every query row still sees the tiles in cell order with the same
+    operations, so its numerics do not depend on the grouping."""
     n_kv_head = n_head // gqa
-    gfit = max(1, min(gqa, st.shape[0] // 32))
+    rows = 16
+    while (
+        rows < 64
+        and 4 * rows <= st.shape[0]
+        and n_kv_head * ((n_tok + 2 * rows - 1) // (2 * rows)) >= 4 * nth
+    ):
+        rows *= 2
+    nb = (n_tok + rows - 1) // rows
+    gfit = max(1, min(gqa, st.shape[0] // (2 * rows)))
     pair = pt.shape[0] >= 2 * TILE  # scratch for two rows' scores: rows go in pairs
     for i in range(tid, n_kv_head * nb, nth):
         hk, blk = i % n_kv_head, i // n_kv_head
-        q0, q1 = 16 * blk, min(16 * blk + 16, n_tok)
+        q0, q1 = rows * blk, min(rows * blk + rows, n_tok)
         ho = lbase + hk * hstride
         for g0 in range(0, gqa, gfit):
             g1 = min(gqa, g0 + gfit)
@@ -580,7 +589,7 @@ def attention_tiled(
                 h = hk * gqa + g
                 for t in range(q0, q1):
                     ATT[t, h * hd : (h + 1) * hd] = 0
-                    s = 32 * (g - g0) + 2 * (t - q0)
+                    s = 2 * rows * (g - g0) + 2 * (t - q0)
                     st[s] = -np.inf
                     st[s + 1] = 0
             for c0 in range(0, n_kv, TILE):
@@ -600,7 +609,7 @@ def attention_tiled(
                     h = hk * gqa + g
                     t = q0
                     while t + 1 < q1 and pair:  # two rows at a time (same numerics)
-                        s = 32 * (g - g0) + 2 * (t - q0)
+                        s = 2 * rows * (g - g0) + 2 * (t - q0)
                         attend_tile2(
                             Q[t], Q[t + 1], h * hd, hd, kt, vt, mask[t], mask[t + 1], c0, n,
                             scale, st[s : s + 2], st[s + 2 : s + 4], ATT[t, h * hd :],
@@ -608,7 +617,7 @@ def attention_tiled(
                         )  # fmt: skip
                         t += 2
                     while t < q1:
-                        s = 32 * (g - g0) + 2 * (t - q0)
+                        s = 2 * rows * (g - g0) + 2 * (t - q0)
                         attend_tile(
                             Q[t], h * hd, hd, kt, vt, mask[t], 0, c0, n, scale, st[s : s + 2],
                             ATT[t, h * hd :], pt,
@@ -617,7 +626,7 @@ def attention_tiled(
             for g in range(g0, g1):
                 h = hk * gqa + g
                 for t in range(q0, q1):
-                    s = 32 * (g - g0) + 2 * (t - q0) + 1
+                    s = 2 * rows * (g - g0) + 2 * (t - q0) + 1
                     finish_row(ATT[t, h * hd :], hd, st[s], ATT[t], h * hd)
 
 
