@@ -55,7 +55,10 @@ def tg():
     for i in range(n):
         ctx.decode(Batch.from_tokens([int(toks[i % p])], pos0=i))
     return n / (time.perf_counter() - t0)
-ctx.decode(Batch.from_tokens(toks[:1])); ctx.clear()  # warm-up, as llama-bench
+# warm-up as llama-bench: one whole prompt run (pp), one token (tg)
+if p:
+    ctx.decode(Batch.from_tokens(toks)); ctx.clear()
+ctx.decode(Batch.from_tokens(toks[:1])); ctx.clear()
 res = {"pp": [pp() for _ in range(r)] if p else [], "tg": [tg() for _ in range(r)] if n else []}
 print(json.dumps(res))
 """

@@ -6,7 +6,7 @@ Python that has torch, transformers and gguf (not llamacpy's dependencies).
     /path/to/torch-python benchmarks/bench_prefill_transformers.py MODEL.gguf [-p 512] [-t 2] [-r 3]
 
 Prints pp tokens/s (one forward over ``p`` random tokens, no KV reuse), mean over ``r``
-repetitions after a warm-up, like ``llama-bench -p``.
+repetitions after a warm-up run of the same prompt, like ``llama-bench -p``.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def main() -> None:
         0, model.config.vocab_size, (1, a.p), generator=torch.Generator().manual_seed(0)
     )
     with torch.inference_mode():
-        model(ids[:, :16])  # warm-up
+        model(ids, logits_to_keep=1)  # warm-up: one whole prompt run, as llama-bench
         speeds = []
         for _ in range(a.r):
             t0 = time.perf_counter()
