@@ -263,3 +263,17 @@ def test_calling_a_cached_kernel_does_not_import_numpy_ma(tmp_path: Path) -> Non
         assert p.returncode == 0, p.stderr[-3000:]
         outs.append(p.stdout.split())
     assert outs[1] == ["6.0", "False"]
+
+
+def test_environments_pickle_as_numba_s_own() -> None:
+    """Cache entries written here (a user's own kernels' too) name numba's ``_rebuild_env``,
+    so they load in a process without llamacpy."""
+    import pickle
+
+    from numba.core import environment
+
+    env = environment.Environment({"__name__": "numba.np.arrayobj"})
+    env.env_name = "_test_env_pickling"
+    data = pickle.dumps(env)
+    assert b"llamacpy" not in data and b"numba.core.environment" in data
+    assert pickle.loads(data).env_name == env.env_name

@@ -321,6 +321,13 @@ def _rebuild_env(modname, consts, env_name):
     return _numba_rebuild_env(modname, consts, env_name)
 
 
+# pickled by reference (``Environment.__reduce__`` names the module's ``_rebuild_env``): the
+# cache entries this process writes, a user's own kernels' included, must name numba's
+# function, not this module, so that they load where llamacpy is not installed
+_rebuild_env.__module__ = environment.__name__
+_rebuild_env.__qualname__ = "_rebuild_env"
+
+
 def _env_from_fndesc(cls, fndesc):
     """numba's environment for a function being compiled; a stand-in made while loading
     gets its module's real globals first."""
