@@ -119,3 +119,13 @@ def test_quantize_command_gets_the_collector_back(collector, tmp_path, capsys):
     _startup.pause_gc()
     assert main(["quantize", str(path), str(tmp_path / "q8.gguf"), "Q8_0", "1"]) == 0
     assert gc.isenabled() and (tmp_path / "q8.gguf").stat().st_size > 0
+
+
+def test_weight_estimate_covers_repacking_and_every_shard(tmp_path):
+    one = tmp_path / "m.gguf"
+    one.write_bytes(b"\0" * 1000)
+    assert _startup.weight_bytes_estimate(str(one)) == 1040  # +4%: unpacked K-quant scales
+    shards = [tmp_path / f"big-{i:05d}-of-00003.gguf" for i in (1, 2, 3)]
+    for i, s in enumerate(shards):
+        s.write_bytes(b"\0" * (100 * (i + 1)))
+    assert _startup.weight_bytes_estimate(str(shards[0])) == 624  # (100+200+300) * 1.04

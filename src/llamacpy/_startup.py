@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import gc
 import mmap
+import os
+import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -64,6 +66,7 @@ _MADV_DONTNEED = getattr(mmap, "MADV_DONTNEED", 4)
 _MIN_RESERVE = 32 << 20  # smaller models: not worth a thread
 _POPULATE_STEP = 8 << 20
 _reserve: tuple[threading.Thread, dict, int] | None = None
+_reserve_lock = threading.Lock()
 _LIBC_MADVISE: dict = {}
 
 
@@ -83,11 +86,29 @@ def _madvise(mm: mmap.mmap, start: int, length: int, advice: int) -> None:
         del view
 
 
+_SHARD = re.compile(r"^(.*)-(\d{5})-of-(\d{5})\.gguf$")
+
+
+def weight_bytes_estimate(path: str) -> int:
+    """An upper estimate of the repacked weights of the model file ``path`` (a split model:
+    all its shards): the files' size plus 4% (repacking unpacks the 6-bit sub-block scales
+    of Q3_K/Q4_K/Q5_K, up to +3.6%)."""
+    size = os.path.getsize(path)
+    m = _SHARD.match(os.path.basename(path))
+    if m:
+        d = os.path.dirname(path)
+        for i in range(1, int(m[3]) + 1):
+            shard = os.path.join(d, f"{m[1]}-{i:05d}-of-{m[3]}.gguf")
+            if shard != path and os.path.isfile(shard):
+                size += os.path.getsize(shard)
+    return size + size // 25
+
+
 def reserve_memory(nbytes: int) -> None:
     """Start faulting in ``nbytes`` of anonymous memory, in a daemon thread, for
     :func:`take_memory` (once per process; small sizes are ignored)."""
     global _reserve
-    if _reserve is not None or nbytes < _MIN_RESERVE or not hasattr(mmap, "MAP_PRIVATE"):
+    if nbytes < _MIN_RESERVE or not hasattr(mmap, "MAP_PRIVATE"):
         return
     nbytes = -nbytes % mmap.PAGESIZE + nbytes
     box: dict = {}
@@ -104,22 +125,28 @@ def reserve_memory(nbytes: int) -> None:
         except (OSError, ValueError, AttributeError):
             pass  # the weights get ordinary memory
 
-    job = threading.Thread(target=work, name="llamacpy-memory", daemon=True)
-    job.start()
-    _reserve = (job, box, nbytes)
+    with _reserve_lock:
+        if _reserve is not None:
+            return
+        job = threading.Thread(target=work, name="llamacpy-memory", daemon=True)
+        job.start()
+        _reserve = (job, box, nbytes)
 
 
 def take_memory(nbytes: int) -> mmap.mmap | None:
     """The reserved memory if at least ``nbytes`` were reserved (its unused tail handed
     back to the system), else None; either way the reservation is over."""
     global _reserve
-    if _reserve is None:
-        return None
-    job, box, size = _reserve
-    _reserve = None
+    with _reserve_lock:
+        if _reserve is None:
+            return None
+        job, box, size = _reserve
+        _reserve = None
+    if size < nbytes:
+        return None  # (the thread's map is freed when it ends)
     job.join()
     mm = box.get("mm")
-    if mm is None or size < nbytes:
+    if mm is None:
         return None
     keep = -nbytes % mmap.PAGESIZE + nbytes
     if size > keep:

@@ -140,7 +140,7 @@ def reserve_weight_memory(model: str) -> None:
             registry = ModelRegistry.from_environment()
             path = registry.installed(model) if model in registry.models else None
         if path and os.path.isfile(path):
-            _startup.reserve_memory(os.path.getsize(path))
+            _startup.reserve_memory(_startup.weight_bytes_estimate(path))
     except (LlamacpyError, OSError, ValueError):
         pass  # the load reports what is wrong with the model argument
 

@@ -30,15 +30,16 @@ _PAGE = mmap.PAGESIZE
 # Linux 5.14+: fault a whole range in with one call instead of one page fault per 4 KiB
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
 _CHUNK = 4 << 20  # bytes of file repacked per parallel call (bounds the mapped pages held)
-# The repacked weights are faulted in as 4 KiB pages and handed to khugepaged afterwards.
-# Decode reads every weight once a token and is ~11% faster from transparent huge pages
-# (SmolLM2, 2 threads: 307 vs 276 t/s; fewer TLB misses), but getting ~50 fresh huge pages
-# at once can wait for compaction or, in a VM that hands free memory back to its host, for
-# the host to back it again: here 96 MiB took 12-185 ms that way, the whole VM stalled with
-# it (`llamacpy run -n 1`: 0.40-0.42 s, a quarter of runs 0.61 s), against 22-30 ms in
-# 4 KiB pages (0.40-0.44 s every run). Once the copy is done the buffer is marked for huge
-# pages, and khugepaged collapses it in the background (~16 MiB per 10 s by default).
-_MADV_NOHUGEPAGE = getattr(mmap, "MADV_NOHUGEPAGE", 15)
+# The repacked weights live in transparent huge pages: decode reads every weight once a
+# token and is ~11% faster than from 4 KiB pages (SmolLM2, 2 threads: 307 vs 276 t/s; fewer
+# TLB misses). Getting ~50 fresh huge pages at once can wait for compaction or, in a VM that
+# hands free memory back to its host, for the host to back it again: here 96 MiB took
+# 12-185 ms that way and the whole VM stalled with it (`llamacpy run -n 1`: 0.40-0.42 s, a
+# quarter of runs 0.61 s), against 22-30 ms in 4 KiB pages (0.40-0.44 s every run). So the
+# console command, whose start-up is the measure, reserves 4 KiB pages (``_startup``), and
+# a library load (the server, benchmarks, API users) takes huge pages up front. Either way
+# the filled buffer is marked for huge pages, and khugepaged collapses what is not yet
+# (~16 MiB per 10 s by default).
 _MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", 14)
 
 
@@ -292,7 +293,7 @@ class WeightStore:
             self._buf = np.frombuffer(reserved, np.uint8, count=size)
         else:
             self._buf = np.empty(size, np.uint8)
-            _advise_array(self._buf, _MADV_NOHUGEPAGE)
+            _advise_array(self._buf, _MADV_HUGEPAGE)
         self._desc = np.zeros((len(self.matrices), 4), np.int64)
         self._fbuf = np.zeros(max(self._fsize, 16), np.float32)
         todo = sorted(
