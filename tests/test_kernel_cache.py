@@ -45,14 +45,44 @@ def test_every_kernel_package_registers_the_locator() -> None:
     assert caching.CacheImpl._locator_classes[0].__name__.endswith("KernelLocator")
 
 
-_LAZY_RUN = r"""
+# a subprocess whose kernel package is ``sys.argv[1]`` (``ops``, its module ``kernel``)
+_PROLOGUE = r"""
 import sys
 from pathlib import Path
+import numpy as np
 from llamacpy import kernel_cache
 pkg = Path(sys.argv[1])
 kernel_cache._KERNEL_DIRS = (pkg,)
 sys.path.insert(0, str(pkg.parent))
 from ops import kernel
+"""
+
+
+def _kernel_package(tmp_path: Path, source: str) -> Path:
+    """A package ``ops`` whose module ``kernel`` is ``source``."""
+    pkg = tmp_path / "ops"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "kernel.py").write_text(source)
+    return pkg
+
+
+def _run_script(body: str, pkg: Path, *args: str) -> list[str]:
+    """Run :data:`_PROLOGUE` + ``body`` in a fresh interpreter; its stdout's words."""
+    import subprocess
+    import sys
+
+    p = subprocess.run(
+        [sys.executable, "-c", _PROLOGUE + body, str(pkg), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    return p.stdout.split()
+
+
+_LAZY_RUN = r"""
 out = [kernel.callee(1)]
 if sys.argv[2] == "link":  # callee comes from the cache; caller is compiled and links it
     lib = kernel.callee.overloads[kernel.callee.signatures[0]].library
@@ -65,27 +95,15 @@ print(*out)
 def test_cached_kernels_load_lazily_and_still_link(tmp_path: Path) -> None:
     """A cached kernel is loaded without parsing its bitcode; a later compilation that calls
     it links its library (the bitcode is parsed then) and runs correctly."""
-    import subprocess
-    import sys
-
-    pkg = tmp_path / "ops"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "kernel.py").write_text(
+    pkg = _kernel_package(
+        tmp_path,
         "from numba import njit\n\n"
         "@njit(cache=True)\ndef callee(x):\n    return x * 2 + 1\n\n"
-        "@njit(cache=True)\ndef caller(x):\n    return callee(x) + 1\n"
+        "@njit(cache=True)\ndef caller(x):\n    return callee(x) + 1\n",
     )
 
     def run(mode: str) -> list[str]:
-        p = subprocess.run(
-            [sys.executable, "-c", _LAZY_RUN, str(pkg), mode],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert p.returncode == 0, p.stderr[-3000:]
-        return p.stdout.split()
+        return _run_script(_LAZY_RUN, pkg, mode)
 
     assert run("compile") == ["3"]
     # loaded from the cache with its bitcode left unparsed, parsed when caller links it
@@ -158,14 +176,6 @@ def test_the_runtime_library_is_cached_and_works(tmp_path: Path) -> None:
 
 
 _ENV_RUN = r"""
-import sys
-from pathlib import Path
-import numpy as np
-from llamacpy import kernel_cache
-pkg = Path(sys.argv[1])
-kernel_cache._KERNEL_DIRS = (pkg,)
-sys.path.insert(0, str(pkg.parent))
-from ops import kernel
 out = [kernel.sorted_sum(5)]
 if sys.argv[2] == "load":
     import numba
@@ -182,31 +192,15 @@ def test_cached_kernels_load_without_importing_numba_helpers(tmp_path: Path) -> 
     """Loading a cached kernel whose environments name numba modules not imported yet does
     not import them (stand-in globals); a later compilation still works, and the kernel
     still runs."""
-    import subprocess
-    import sys
-
-    pkg = tmp_path / "ops"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "kernel.py").write_text(
+    pkg = _kernel_package(
+        tmp_path,
         "import numpy as np\nfrom numba import njit\n\n"
         "@njit(cache=True)\ndef sorted_sum(n):\n"
         "    a = np.sort(np.arange(n)[::-1].astype(np.float64))\n"
-        "    return a[0] + a[-1] * 10\n"
+        "    return a[0] + a[-1] * 10\n",
     )
-
-    def run(mode: str) -> list[str]:
-        p = subprocess.run(
-            [sys.executable, "-c", _ENV_RUN, str(pkg), mode],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert p.returncode == 0, p.stderr[-3000:]
-        return p.stdout.split()
-
-    assert run("compile") == ["40.0"]
-    assert run("load") == ["40.0", "False", "2.0", "40.0", "True"]
+    assert _run_script(_ENV_RUN, pkg, "compile") == ["40.0"]
+    assert _run_script(_ENV_RUN, pkg, "load") == ["40.0", "False", "2.0", "40.0", "True"]
 
 
 def test_plain_arrays_are_typed_as_numba_types_them() -> None:
@@ -233,36 +227,16 @@ def test_plain_arrays_are_typed_as_numba_types_them() -> None:
 
 
 _MA_RUN = r"""
-import sys
-from pathlib import Path
-import numpy as np
-from llamacpy import kernel_cache
-pkg = Path(sys.argv[1])
-kernel_cache._KERNEL_DIRS = (pkg,)
-sys.path.insert(0, str(pkg.parent))
-from ops import kernel
 print(kernel.total(np.arange(4.0)), "numpy.ma" in sys.modules)
 """
 
 
 def test_calling_a_cached_kernel_does_not_import_numpy_ma(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
-    pkg = tmp_path / "ops"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "kernel.py").write_text(
-        "from numba import njit\n\n@njit(cache=True)\ndef total(a):\n    return a.sum()\n"
+    pkg = _kernel_package(
+        tmp_path, "from numba import njit\n\n@njit(cache=True)\ndef total(a):\n    return a.sum()\n"
     )
-    outs = []
-    for _ in range(2):  # compiled, then loaded from the cache
-        p = subprocess.run(
-            [sys.executable, "-c", _MA_RUN, str(pkg)], capture_output=True, text=True, timeout=300
-        )
-        assert p.returncode == 0, p.stderr[-3000:]
-        outs.append(p.stdout.split())
-    assert outs[1] == ["6.0", "False"]
+    _run_script(_MA_RUN, pkg)  # compiled
+    assert _run_script(_MA_RUN, pkg) == ["6.0", "False"]  # loaded from the cache
 
 
 def test_environments_pickle_as_numba_s_own() -> None:
