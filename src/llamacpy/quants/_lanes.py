@@ -233,19 +233,26 @@ def _qx_pass(n, nmax, iscale, xt, wt, Lt):
     return sumlx, suml2
 
 
-@njit(cache=True, error_model="numpy")
-def make_qx_quants_x16(n, nmax, xt, wt, Lt, Lauxt, res):
-    """:func:`~llamacpy.quants._search.make_qx_quants` on 16 groups of ``n``: quants
-    ``l + nmax`` to ``Lt`` (int32, transposed) and the scales to ``res[0:16]``."""
-    zero = vsplat_f32(F0)
-    amax = zero
-    mx = zero
+@njit(cache=True, inline="always")
+def _signed_absmax_x16(n, xt):
+    """Per lane: the largest ``|x|`` of the group and the value it came from (the first one
+    on ties, as ggml's loop keeps it)."""
+    amax = mx = vsplat_f32(F0)
     for i in range(n):
         x = vload_f32(xt, LANES * i)
         ax = vabs(x)
         up = vgt(ax, amax)
         amax = vblend(up, ax, amax)
         mx = vblend(up, x, mx)
+    return amax, mx
+
+
+@njit(cache=True, error_model="numpy")
+def make_qx_quants_x16(n, nmax, xt, wt, Lt, Lauxt, res):
+    """:func:`~llamacpy.quants._search.make_qx_quants` on 16 groups of ``n``: quants
+    ``l + nmax`` to ``Lt`` (int32, transposed) and the scales to ``res[0:16]``."""
+    zero = vsplat_f32(F0)
+    amax, mx = _signed_absmax_x16(n, xt)
     tiny = vlt(amax, vsplat_f32(GROUP_MAX_EPS))
     sumlx, suml2 = _qx_pass(n, nmax, vsplat_f32(F32(-nmax)) / mx, xt, wt, Lt)
     scale = vblend(vne(suml2, zero), sumlx / suml2, zero)
@@ -278,14 +285,7 @@ def make_q3_quants_x16(n, nmax, xt, Lt, res):
     A lane whose pass changes nothing keeps its state, so running further passes (while
     other lanes still change) leaves it as ggml's early exit does."""
     zero = vsplat_f32(F0)
-    amax = zero
-    mx = zero
-    for i in range(n):
-        x = vload_f32(xt, LANES * i)
-        ax = vabs(x)
-        up = vgt(ax, amax)
-        amax = vblend(up, ax, amax)
-        mx = vblend(up, x, mx)
+    amax, mx = _signed_absmax_x16(n, xt)
     live = vle(vsplat_f32(GROUP_MAX_EPS), amax)  # amax is never NaN: not (amax < eps)
     iscale = vsplat_f32(F32(-nmax)) / mx
     sumlx = zero
