@@ -47,6 +47,21 @@ _O_SC, _O_QS = 4, 16
 _63 = F32(63.0)
 
 
+@njit(cache=True, inline="always")
+def pair_scales_k4(raw, osc, c, d, dmin):
+    """Splatted scale and min of sub-blocks ``2c`` and ``2c+1`` (the low and high nibbles of
+    the same 32 quant bytes) from the 12 packed scale bytes at ``raw[osc:]``:
+    ``(d*sc0, dmin*m0, d*sc1, dmin*m1)``."""
+    sc0, m0 = get_scale_min_k4(2 * c, raw, osc)
+    sc1, m1 = get_scale_min_k4(2 * c + 1, raw, osc)
+    return (
+        vsplat_f32(d * F32(sc0)),
+        vsplat_f32(dmin * F32(m0)),
+        vsplat_f32(d * F32(sc1)),
+        vsplat_f32(dmin * F32(m1)),
+    )
+
+
 @njit(cache=True, parallel=True, error_model="numpy")
 def _dequantize_kernel(raw, y):
     n = y.size
@@ -55,12 +70,7 @@ def _dequantize_kernel(raw, y):
         d = load_f16h(raw, o)
         dmin = load_f16h(raw, o + 2)
         for c in range(4):  # groups 2c (low nibbles) and 2c+1 (high nibbles) share 32 bytes
-            sc0, m0 = get_scale_min_k4(2 * c, raw, o + _O_SC)
-            sc1, m1 = get_scale_min_k4(2 * c + 1, raw, o + _O_SC)
-            dl0 = vsplat_f32(d * F32(sc0))
-            ml0 = vsplat_f32(dmin * F32(m0))
-            dl1 = vsplat_f32(d * F32(sc1))
-            ml1 = vsplat_f32(dmin * F32(m1))
+            dl0, ml0, dl1, ml1 = pair_scales_k4(raw, o + _O_SC, c, d, dmin)
             for h in range(2):
                 q = vload_u8(raw, o + _O_QS + 32 * c + 16 * h)
                 e = i * QK + 64 * c + 16 * h

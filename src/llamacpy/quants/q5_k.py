@@ -20,9 +20,9 @@ from llamacpy.quants._helpers import (
     run_quantize_np,
 )
 from llamacpy.quants._registry import QuantFormat, register
-from llamacpy.quants._search import get_scale_min_k4
 from llamacpy.quants.q4_k import (
     get_scale_min_np,
+    pair_scales_k4,
     requantize,
     requantize_np,
     scales_impl,
@@ -30,7 +30,7 @@ from llamacpy.quants.q4_k import (
     scales_ref,
     scales_ref_np,
 )
-from llamacpy.simd import vand_k, vcvt, vload_u8, vsll, vsplat_f32, vsrl, vstore_f32
+from llamacpy.simd import vand_k, vcvt, vload_u8, vsll, vsrl, vstore_f32
 
 TYPE = GGMLType.Q5_K
 QK, TYPE_SIZE = GGML_BLOCK_SIZES[TYPE]
@@ -56,12 +56,7 @@ def _dequantize_kernel(raw, y):
         d = load_f16h(raw, o)
         dmin = load_f16h(raw, o + 2)
         for c in range(4):
-            sc0, m0 = get_scale_min_k4(2 * c, raw, o + _O_SC)
-            sc1, m1 = get_scale_min_k4(2 * c + 1, raw, o + _O_SC)
-            dl0 = vsplat_f32(d * F32(sc0))
-            ml0 = vsplat_f32(dmin * F32(m0))
-            dl1 = vsplat_f32(d * F32(sc1))
-            ml1 = vsplat_f32(dmin * F32(m1))
+            dl0, ml0, dl1, ml1 = pair_scales_k4(raw, o + _O_SC, c, d, dmin)
             for h in range(2):
                 q = vload_u8(raw, o + _O_QS + 32 * c + 16 * h)
                 qh = vload_u8(raw, o + _O_QH + 16 * h)
