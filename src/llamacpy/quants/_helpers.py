@@ -281,22 +281,30 @@ def out_shape(x_shape: tuple[int, ...], block_size: int, type_size: int) -> tupl
     return (*x_shape[:-1], x_shape[-1] // block_size * type_size)
 
 
+def _caller_array(out, shape: tuple[int, ...], dtype, name: str, unit: str) -> np.ndarray:
+    """A new ``dtype`` array of ``shape``, or ``out`` (writable, C-contiguous, that dtype and
+    as many elements, any shape) viewed with that shape; anything else is a QuantError."""
+    if out is None:
+        return np.empty(shape, dtype=dtype)
+    n = int(np.prod(shape, dtype=np.int64))
+    if not (
+        isinstance(out, np.ndarray)
+        and out.dtype == dtype
+        and out.flags.c_contiguous
+        and out.flags.writeable
+        and out.size == n
+    ):
+        kind = np.dtype(dtype).name
+        raise QuantError(f"{name}: out must be a writable C-contiguous {kind} array of {n}{unit}")
+    return out.reshape(shape)
+
+
 def dequantize_out(out, n: int, name: str) -> np.ndarray:
     """The flat float32 array a dequantizer writes ``n`` values to: a new one, or a view of
     ``out`` (a writable C-contiguous float32 array of ``n`` elements, any shape), so that a
     caller that converts many chunks can reuse one buffer instead of faulting in fresh pages
     every time."""
-    if out is None:
-        return np.empty(n, dtype=np.float32)
-    if not (
-        isinstance(out, np.ndarray)
-        and out.dtype == np.float32
-        and out.flags.c_contiguous
-        and out.flags.writeable
-        and out.size == n
-    ):
-        raise QuantError(f"{name}: out must be a writable C-contiguous float32 array of {n}")
-    return out.reshape(-1)
+    return _caller_array(out, (n,), np.float32, name, "")
 
 
 def run_dequantize(kernel, raw, n: int, block_size: int, type_size: int, name: str, out=None):
@@ -313,18 +321,7 @@ def quantize_out(out, shape: tuple[int, ...], name: str) -> np.ndarray:
     writable C-contiguous uint8 array with as many bytes, any shape), so that a caller can
     have the bytes written where they go (ggml's ``ggml_quantize_chunk`` writes to its
     caller's memory too)."""
-    if out is None:
-        return np.empty(shape, dtype=np.uint8)
-    n = int(np.prod(shape, dtype=np.int64))
-    if not (
-        isinstance(out, np.ndarray)
-        and out.dtype == np.uint8
-        and out.flags.c_contiguous
-        and out.flags.writeable
-        and out.size == n
-    ):
-        raise QuantError(f"{name}: out must be a writable C-contiguous uint8 array of {n} bytes")
-    return out.reshape(shape)
+    return _caller_array(out, shape, np.uint8, name, " bytes")
 
 
 def run_quantize(
