@@ -67,18 +67,33 @@ _MIN_RESERVE = 32 << 20  # smaller models: not worth a thread
 _POPULATE_STEP = 8 << 20
 _reserve: tuple[threading.Thread, dict, int] | None = None
 _reserve_lock = threading.Lock()
-_LIBC_MADVISE: dict = {}
+_MADVISE = None
+
+
+def libc_madvise():
+    """libc's ``madvise(addr, length, advice)`` through ctypes, which releases the GIL
+    (``mmap.madvise`` does not); ``False`` where there is none."""
+    global _MADVISE
+    if _MADVISE is None:
+        import ctypes
+
+        try:
+            fn = ctypes.CDLL(None, use_errno=True).madvise
+            fn.argtypes = [ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int]  # (compiled calls too)
+            fn.restype = ctypes.c_int
+            _MADVISE = fn
+        except (OSError, AttributeError):
+            _MADVISE = False
+    return _MADVISE
 
 
 def _madvise(mm: mmap.mmap, start: int, length: int, advice: int) -> None:
-    """libc ``madvise`` on part of an anonymous map, without the GIL (ctypes releases it;
-    ``mmap.madvise`` does not); failures ignored."""
+    """:func:`libc_madvise` on part of an anonymous map; failures ignored."""
     import ctypes
 
-    fn = _LIBC_MADVISE.get("fn")
-    if fn is None:
-        fn = _LIBC_MADVISE["fn"] = ctypes.CDLL(None, use_errno=True).madvise
-        fn.argtypes = [ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int]
+    fn = libc_madvise()
+    if not fn:
+        return
     view = ctypes.c_char.from_buffer(mm)
     try:
         fn(ctypes.addressof(view) + start, length, advice)

@@ -20,7 +20,7 @@ from pathlib import Path
 import numba
 import numpy as np
 
-from .._startup import take_memory
+from .._startup import libc_madvise, take_memory
 from ..errors import ModelError
 from ..gguf import GGMLType, GGUFModelFile, TensorInfo
 from ..ops import formats
@@ -43,27 +43,10 @@ _CHUNK = 4 << 20  # bytes of file repacked per parallel call (bounds the mapped 
 _MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", 14)
 
 
-_MADVISE = None
-
-
-def _libc_madvise():
-    """libc's ``madvise`` through ctypes (``False`` where there is none)."""
-    global _MADVISE
-    if _MADVISE is None:
-        try:
-            fn = ctypes.CDLL(None, use_errno=True).madvise
-            fn.argtypes = [ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int]  # (compiled calls too)
-            fn.restype = ctypes.c_int
-            _MADVISE = fn
-        except (OSError, AttributeError):
-            _MADVISE = False
-    return _MADVISE
-
-
 def _advise_array(arr: np.ndarray, advice: int) -> None:
     """``madvise`` the whole pages inside a (large) array's memory; failures ignored (older
     kernels and other platforms: the memory behaves as by default)."""
-    fn = _libc_madvise()
+    fn = libc_madvise()
     if fn and arr.nbytes >= 2 * _PAGE:
         start = -arr.ctypes.data % _PAGE + arr.ctypes.data
         end = (arr.ctypes.data + arr.nbytes) // _PAGE * _PAGE
@@ -84,7 +67,7 @@ class TensorSource:
     def _advise(self, shard: int, start: int, length: int, advice: int) -> None:
         """``madvise`` a page-aligned range of a mapped shard, through libc when possible
         (ctypes drops the GIL, so populating pages does not stall the other threads)."""
-        fn = _libc_madvise()
+        fn = libc_madvise()
         if fn:
             view, base = self.whole(shard)
             length = min(length, view.size - start)
@@ -348,7 +331,7 @@ class WeightStore:
         ctl[1:] = (_MADV_POPULATE_READ, mmap.MADV_DONTNEED, n_threads or numba.get_num_threads())
         if n_threads and not ctl[0]:
             numba.set_num_threads(1)
-        if source.use_mmap and _libc_madvise():
+        if source.use_mmap and libc_madvise():
             for shard in sorted({c[0] for c in chunks}):
                 mine = [c for c in chunks if c[0] == shard]
                 raw, base = source.whole(shard)
@@ -360,7 +343,7 @@ class WeightStore:
                 )  # fmt: skip
                 items = [(info.data_offset, m.type, m.nrows, m.ncols, off)
                          for _, _, m, info, off in todo[i0 : mine[-1][4]]]  # fmt: skip
-                formats.repack_mapped(raw, plan, items, self._buf, _libc_madvise(), base, ctl)
+                formats.repack_mapped(raw, plan, items, self._buf, libc_madvise(), base, ctl)
                 del raw
         else:
             for shard, start, end, i, j in chunks:
