@@ -318,6 +318,15 @@ def _tile_pv(p, n, vt, hd, res):
         vstore_f32(res, i0 + 32, r2)
         vstore_f32(res, i0 + 48, r3)
         i0 += 64
+    _tile_pv_from(p, n, vt, i0, hd, res)
+
+
+@njit(cache=True, inline="always")
+def _tile_pv_from(p, n, vt, i0, hd, res):
+    """``res[i0:hd] += p . V[:, i0:hd]``, 16 dimensions at a time through memory (the
+    dimensions past the last whole 64 of :func:`_tile_pv`)."""
+    if i0 >= hd:
+        return
     for c in range(n):
         if p[c] != 0:
             pc = vsplat_f32(p[c])
@@ -354,17 +363,8 @@ def _tile_pv2(pa, pb, n, vt, hd, ra, rb):
         vstore_f32(rb, i0 + 32, b2)
         vstore_f32(rb, i0 + 48, b3)
         i0 += 64
-    if i0 < hd:
-        for c in range(n):
-            if pa[c] != 0:
-                pc = vsplat_f32(pa[c])
-                for i in range(i0, hd, 16):
-                    vstore_f32(ra, i, vfma(pc, vload_f32(vt[c], i), vload_f32(ra, i)))
-        for c in range(n):
-            if pb[c] != 0:
-                pc = vsplat_f32(pb[c])
-                for i in range(i0, hd, 16):
-                    vstore_f32(rb, i, vfma(pc, vload_f32(vt[c], i), vload_f32(rb, i)))
+    _tile_pv_from(pa, n, vt, i0, hd, ra)
+    _tile_pv_from(pb, n, vt, i0, hd, rb)
 
 
 @njit(cache=True)
