@@ -17,6 +17,7 @@ LAYERS = {
     "hparams": 0,
     "registry": 0,
     "kernel_cache": 0,
+    "kernel_progress": 0,
     "simd": 0,
     "quants": 1,
     "ops": 2,

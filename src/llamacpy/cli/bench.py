@@ -79,6 +79,7 @@ class _Printer:
 
 def _bench(args: argparse.Namespace) -> int:
     from ..eval.bench import Bench, expand_tests
+    from .run import output_begins, show_compile_progress
 
     for name in ("output", "output_err"):
         if getattr(args, name) not in FORMATS:
@@ -93,6 +94,7 @@ def _bench(args: argparse.Namespace) -> int:
     if not tests:
         raise UsageError("no tests: give -p, -n or -pg with a positive count")
     progress = (lambda m: print(f"llamacpy bench: {m}", file=sys.stderr)) if args.progress else None
+    show_compile_progress("bench")
     bench = Bench(args.model, use_mmap=args.mmap, progress=progress)
     printers = [_Printer(args.output, sys.stdout, tests)]
     if args.output_err != "none":
@@ -102,6 +104,7 @@ def _bench(args: argparse.Namespace) -> int:
             p.header()
     for t in tests:
         r = bench.run(t, reps=args.repetitions, warmup=not args.no_warmup)
+        output_begins()
         for p in printers:
             p.result(r)
     for p in printers:

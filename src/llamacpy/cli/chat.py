@@ -14,7 +14,14 @@ import sys
 from typing import Any, TextIO
 
 from ..errors import LlamacpyError
-from .run import add_model_args, add_sampling_args, load, sampler_chain, sampling_params
+from .run import (
+    add_model_args,
+    add_sampling_args,
+    load,
+    output_begins,
+    sampler_chain,
+    sampling_params,
+)
 
 PROMPT = "> "
 
@@ -96,6 +103,7 @@ def _chat(args: argparse.Namespace) -> int:
     params = sampling_params(args, model.info.metadata)
     chat = Chat(model, params, args.system_prompt, args.n_predict)
     inp, out = sys.stdin, sys.stdout
+    output_begins()
     if inp.isatty():
         print("llamacpy chat: /exit to quit, /clear to start over, end a line with \\ to "
               "continue it, Ctrl-C stops a reply", file=sys.stderr)  # fmt: skip

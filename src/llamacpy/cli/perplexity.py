@@ -16,9 +16,10 @@ from ..errors import UsageError
 
 
 def _perplexity(args: argparse.Namespace) -> int:
-    from .run import reserve_weight_memory
+    from .run import output_begins, reserve_weight_memory, show_compile_progress
 
     reserve_weight_memory(args.model)
+    show_compile_progress(args.command)
     from ..api.model import load_model
     from ..engine import ContextParams
     from ..eval.perplexity import n_seq_for, perplexity
@@ -48,6 +49,7 @@ def _perplexity(args: argparse.Namespace) -> int:
     err, out = sys.stderr, sys.stdout
 
     def first_pass(seconds: float, n_chunk: int, n_seq: int) -> None:
+        output_begins()
         total = int(seconds * n_chunk / n_seq)
         eta = f"{total // 3600} hours " if total >= 3600 else ""
         print(f"perplexity: calculating perplexity over {n_chunk} chunks, n_ctx={n_ctx}, "
@@ -61,6 +63,7 @@ def _perplexity(args: argparse.Namespace) -> int:
 
     res = perplexity(ctx, model.tokenizer, text, n_ctx=n_ctx, n_batch=ctx.n_batch,
                      n_chunks=args.chunks, on_chunk=chunk, on_first_pass=first_pass)  # fmt: skip
+    output_begins()
     out.write("\n")
     print(f"Final estimate: PPL = {res.ppl:.4f} +/- {res.ppl_err:.5f}", file=out)
     return 0

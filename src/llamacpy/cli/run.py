@@ -128,6 +128,22 @@ def sampler_chain(params: Any, tokenizer: Any, n_ctx: int) -> Any:
                                dry_seq_breakers=breakers, eog_tokens=tokenizer.eog)  # fmt: skip
 
 
+def show_compile_progress(command: str) -> None:
+    """A progress line on stderr while kernels compile (a first run; see
+    :mod:`llamacpy.kernel_progress`); the command calls :func:`output_begins` before its
+    first output."""
+    from ..kernel_progress import show_compile_progress as show
+
+    show(command)
+
+
+def output_begins() -> None:
+    """The command's own output starts: the compile progress line gives way to it."""
+    from ..kernel_progress import finish_compile_progress
+
+    finish_compile_progress()
+
+
 def reserve_weight_memory(model: str) -> None:
     """Have the weights' memory faulted in while the engine is imported (a model file
     already on disk: its size is about the repacked weights'; see ``_startup``)."""
@@ -148,6 +164,7 @@ def reserve_weight_memory(model: str) -> None:
 def load(args: argparse.Namespace) -> Any:
     """The model and context the flags describe (:class:`llamacpy.api.LoadedModel`)."""
     reserve_weight_memory(args.model)
+    show_compile_progress(args.command)
     from ..api.model import load_model
     from ..engine import ContextParams
 
@@ -229,11 +246,13 @@ def _run(args: argparse.Namespace) -> int:
     try:
         for step in gen:
             if step.text:
+                output_begins()
                 out.write(step.text)
                 out.flush()
     except KeyboardInterrupt:
         gen.close()
         code = 130
+    output_begins()
     out.flush()
     if gen.stop_cause == "context" and args.n_predict != -2:
         print("\nllamacpy: context full, stopping (use --context-shift to continue)",

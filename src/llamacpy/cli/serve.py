@@ -29,6 +29,7 @@ def _serve(args: argparse.Namespace) -> int:
     from ..engine import ContextParams
     from ..registry import resolve_model
     from ..server import ServerConfig, ServerState, serve
+    from .run import show_compile_progress
 
     if args.parallel < 1:
         raise UsageError(f"--parallel must be at least 1, not {args.parallel}")
@@ -77,6 +78,7 @@ def _serve(args: argparse.Namespace) -> int:
         return m, None
 
     state = ServerState(config, loader=load, model_name=args.alias or model_path.name)
+    show_compile_progress("serve")
     where = f"http://{args.host}:{args.port}"
     print(f"llamacpy serve: listening on {where} (model {model_path.name}, "
           f"{args.parallel} slot(s), n_ctx {n_ctx})", file=sys.stderr, flush=True)  # fmt: skip
