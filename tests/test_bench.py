@@ -115,3 +115,53 @@ def test_bench_usage_errors(smollm2_path, capsys):
     assert "choose one of" in capsys.readouterr().err
     assert cli.main(["bench", "-m", str(smollm2_path), "-p", "0", "-n", "0"]) == 1
     assert "no tests" in capsys.readouterr().err
+
+
+def test_depth_and_flash_attn_order_and_names():
+    tests = bench.expand_tests([64], [8], [], [2048], [512], [1, 2], ["f16"], ["f16"],
+                               n_depth=[0, 256], flash_attn=[-1, 1])  # fmt: skip
+    # llama-bench: flash attention outside threads, depth inside them, tests innermost
+    assert [(t.name, t.flash_attn, t.n_threads) for t in tests[:4]] == [
+        ("pp64", -1, 1), ("tg8", -1, 1), ("pp64 @ d256", -1, 1), ("tg8 @ d256", -1, 1)
+    ]  # fmt: skip
+    assert [(t.flash_attn, t.n_threads, t.n_depth) for t in tests[4::2]] == [
+        (-1, 2, 0), (-1, 2, 256), (1, 1, 0), (1, 1, 256), (1, 2, 0), (1, 2, 256)
+    ]  # fmt: skip
+    assert "flash_attn" in bench.md_fields(tests)
+    assert "flash_attn" not in bench.md_fields([BenchTest(16, 0)])
+
+
+def test_bench_at_depth(smollm2_path, capsys):
+    code = cli.main(["bench", "-m", str(smollm2_path), "-p", "8", "-n", "2", "-d", "0,24",
+                     "-r", "2", "-t", "1", "-fa", "on", "-o", "json"])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    results = json.loads(out)
+    assert [(r["n_prompt"], r["n_gen"], r["n_depth"]) for r in results] == [
+        (8, 0, 0), (0, 2, 0), (8, 0, 24), (0, 2, 24)
+    ]  # fmt: skip
+    assert all(r["flash_attn"] == 1 and len(r["samples_ns"]) == 2 for r in results)
+
+
+def test_depth_fills_the_cache_before_the_timed_part(smollm2_path):
+    b = bench.Bench(str(smollm2_path))
+    seen = []
+    real = b._prompt
+
+    def spy(ctx, n, n_batch):
+        seen.append((n, ctx.kv.seq_pos_max(0)))
+        real(ctx, n, n_batch)
+
+    b._prompt = spy
+    r = b.run(BenchTest(8, 2, n_threads=1, n_depth=24), reps=2, warmup=False)
+    # first repetition decodes the depth from an empty cache, then the prompt after it; the
+    # second restores the depth's cache state instead of decoding it again
+    assert seen == [(24, -1), (8, 23), (8, 23)]
+    assert r.values["n_depth"] == 24 and r.test.name == "pp8+tg2 @ d24"
+
+
+def test_bench_depth_usage_errors(smollm2_path, capsys):
+    assert cli.main(["bench", "-m", str(smollm2_path), "-fa", "maybe"]) == 1
+    assert "-fa 'maybe'" in capsys.readouterr().err
+    assert cli.main(["bench", "-m", str(smollm2_path), "-d", "x"]) == 1
+    assert "invalid number list" in capsys.readouterr().err

@@ -2,8 +2,10 @@
 
 ``-p 512 -n 128 -r 5`` runs a pp512 and a tg128 test, each warmed up once and repeated 5
 times with the KV cache cleared, and prints mean ± standard deviation of tokens/s. Several
-values may be given comma-separated (``-p 64,512 -t 1,2``). ``-o md|csv|json|jsonl``
-selects the output format (markdown by default; ``-oe`` also prints one to stderr).
+values may be given comma-separated (``-p 64,512 -t 1,2``). ``-d 4096`` runs each test
+after 4096 tokens already in the cache (decoded once, untimed; llama-bench's ``pp512 @
+d4096``). ``-o md|csv|json|jsonl`` selects the output format (markdown by default; ``-oe``
+also prints one to stderr).
 """
 
 from __future__ import annotations
@@ -33,6 +35,21 @@ def _ints(text: str) -> list[int]:
                 out.append(int(part))
         except ValueError:
             raise UsageError(f"invalid number list {text!r}") from None
+    return out
+
+
+_FA = {"on": 1, "enabled": 1, "true": 1, "1": 1, "off": 0, "disabled": 0, "false": 0, "0": 0,
+       "auto": -1, "-1": -1}  # fmt: skip
+
+
+def _fa(text: str) -> list[int]:
+    """llama-bench's ``-fa on|off|auto`` list. Attention always runs ggml's flash-attention
+    numerics here, so the value is reported, not acted on."""
+    out = []
+    for v in text.split(","):
+        if v.strip() not in _FA:
+            raise UsageError(f"-fa {text!r}: expected on, off or auto (comma-separated)")
+        out.append(_FA[v.strip()])
     return out
 
 
@@ -89,10 +106,13 @@ def _bench(args: argparse.Namespace) -> int:
     tests = expand_tests(
         _ints(args.n_prompt), _ints(args.n_gen), [_pairs(p) for p in args.pg],
         _ints(args.batch_size), _ints(args.ubatch_size), _ints(args.threads),
-        args.cache_type_k.split(","), args.cache_type_v.split(","),
+        args.cache_type_k.split(","), args.cache_type_v.split(","), _ints(args.n_depth),
+        _fa(args.flash_attn),
     )  # fmt: skip
     if not tests:
         raise UsageError("no tests: give -p, -n or -pg with a positive count")
+    if any(t.n_depth < 0 for t in tests):
+        raise UsageError(f"-d {args.n_depth}: the depth must be >= 0")
     progress = (lambda m: print(f"llamacpy bench: {m}", file=sys.stderr)) if args.progress else None
     show_compile_progress("bench")
     bench = Bench(args.model, use_mmap=args.mmap, progress=progress)
@@ -123,6 +143,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-n", "--n-gen", default="128", help="generated tokens (default: 128)")
     p.add_argument("-pg", action="append", default=[], metavar="PP,TG",
                    help="a combined prompt + generation test")  # fmt: skip
+    p.add_argument("-d", "--n-depth", default="0",
+                   help="tokens already in the cache before each test (default: 0)")  # fmt: skip
+    p.add_argument("-fa", "--flash-attn", default="auto",
+                   help="on|off|auto, reported only: attention always uses flash-attention "
+                   "numerics (default: auto)")  # fmt: skip
     p.add_argument("-r", "--repetitions", type=int, default=5, help="repetitions (default: 5)")
     p.add_argument("-t", "--threads", default="0", help="threads (default: physical cores)")
     p.add_argument("-b", "--batch-size", default="2048", help="logical batch size")

@@ -1,15 +1,19 @@
 """Throughput benchmarks with ``llama-bench``'s semantics and output formats.
 
 A test is ``pp N`` (decode N random prompt tokens in ``n_batch`` chunks, the first one BOS
-when the vocabulary adds it), ``tg N`` (N single-token decodes) or both (``pp+tg``). Each
-test gets a fresh context of ``n_prompt + n_gen`` cells, one warm-up run (the prompt, or one
-generated token), then ``reps`` timed repetitions with the KV cache cleared before each.
+when the vocabulary adds it), ``tg N`` (N single-token decodes) or both (``pp+tg``), at a
+depth of ``n_depth`` tokens already in the cache (``pp512 @ d4096``: those are decoded
+before the timer starts; the cache holding them is kept and restored for later repetitions,
+as llama-bench does). Each test gets a fresh context of ``n_prompt + n_gen + n_depth``
+cells, one warm-up run (the prompt, or one generated token), then ``reps`` timed
+repetitions with the KV cache cleared before each.
 Results carry llama-bench's fields (``avg_ns``, ``stddev_ns``, ``avg_ts``, ``stddev_ts``,
 ``samples_ns``, ...) and print as markdown, CSV, JSON or JSONL.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import time
@@ -25,7 +29,7 @@ from ..engine import Batch, Context, ContextParams
 from ..errors import UsageError
 
 DEFAULTS = {"n_prompt": 512, "n_gen": 128, "n_batch": 2048, "n_ubatch": 512, "type_k": "f16",
-            "type_v": "f16", "reps": 5}  # fmt: skip
+            "type_v": "f16", "flash_attn": -1, "reps": 5}  # fmt: skip
 
 FIELDS = (
     "build_commit", "build_number", "cpu_info", "gpu_info", "backends", "model_filename",
@@ -53,14 +57,18 @@ class BenchTest:
     n_threads: int = 0
     type_k: str = "f16"
     type_v: str = "f16"
+    n_depth: int = 0
+    flash_attn: int = -1  # llama-bench's -fa (-1 auto); attention always runs ggml's FA numerics
 
     @property
     def name(self) -> str:
         if self.n_prompt > 0 and self.n_gen == 0:
-            return f"pp{self.n_prompt}"
-        if self.n_gen > 0 and self.n_prompt == 0:
-            return f"tg{self.n_gen}"
-        return f"pp{self.n_prompt}+tg{self.n_gen}"
+            name = f"pp{self.n_prompt}"
+        elif self.n_gen > 0 and self.n_prompt == 0:
+            name = f"tg{self.n_gen}"
+        else:
+            name = f"pp{self.n_prompt}+tg{self.n_gen}"
+        return f"{name} @ d{self.n_depth}" if self.n_depth > 0 else name
 
 
 @dataclass
@@ -114,19 +122,19 @@ def cpu_info() -> str:
 
 def expand_tests(n_prompt: Sequence[int], n_gen: Sequence[int], pg: Sequence[tuple[int, int]],
                  n_batch: Sequence[int], n_ubatch: Sequence[int], n_threads: Sequence[int],
-                 type_k: Sequence[str], type_v: Sequence[str]) -> list[BenchTest]:  # fmt: skip
-    """llama-bench's instance order: parameters outer, then pp tests, tg tests, pg pairs."""
+                 type_k: Sequence[str], type_v: Sequence[str], n_depth: Sequence[int] = (0,),
+                 flash_attn: Sequence[int] = (-1,)) -> list[BenchTest]:  # fmt: skip
+    """llama-bench's instance order: parameters outer (batch, ubatch, cache types, flash
+    attention, threads, depth), then pp tests, tg tests, pg pairs."""
     out = []
-    for nb in n_batch:
-        for nub in n_ubatch:
-            for tk in type_k:
-                for tv in type_v:
-                    for nt in n_threads:
-                        common = dict(n_batch=nb, n_ubatch=nub, n_threads=nt, type_k=tk,
-                                      type_v=tv)  # fmt: skip
-                        out += [BenchTest(p, 0, **common) for p in n_prompt if p > 0]
-                        out += [BenchTest(0, g, **common) for g in n_gen if g > 0]
-                        out += [BenchTest(p, g, **common) for p, g in pg if p or g]
+    for nb, nub, tk, tv, fa, nt, nd in itertools.product(
+        n_batch, n_ubatch, type_k, type_v, flash_attn, n_threads, n_depth
+    ):
+        common = dict(n_batch=nb, n_ubatch=nub, n_threads=nt, type_k=tk, type_v=tv,
+                      n_depth=nd, flash_attn=fa)  # fmt: skip
+        out += [BenchTest(p, 0, **common) for p in n_prompt if p > 0]
+        out += [BenchTest(0, g, **common) for g in n_gen if g > 0]
+        out += [BenchTest(p, g, **common) for p, g in pg if p or g]
     return out
 
 
@@ -142,9 +150,10 @@ class Bench:
         self.progress = progress or (lambda msg: None)
         self.rng = np.random.default_rng(seed)
         self._model: Any = None
+        self._depth: tuple[tuple, dict] | None = None  # (context key, cache state at depth)
 
     def _context(self, t: BenchTest) -> Context:
-        params = ContextParams(n_ctx=t.n_prompt + t.n_gen, n_batch=t.n_batch,
+        params = ContextParams(n_ctx=t.n_prompt + t.n_gen + t.n_depth, n_batch=t.n_batch,
                                n_ubatch=t.n_ubatch, n_threads=t.n_threads,
                                n_threads_batch=t.n_threads, type_k=t.type_k, type_v=t.type_v,
                                use_mmap=self.use_mmap)  # fmt: skip
@@ -153,15 +162,30 @@ class Bench:
         return ctx
 
     def _prompt(self, ctx: Context, n_prompt: int, n_batch: int) -> None:
+        """``n_prompt`` random tokens after what the cache holds (llama-bench's test_prompt:
+        the first one BOS when the vocabulary adds it)."""
         n_vocab, tok = ctx.n_vocab, self.tokenizer
+        pos0 = ctx.kv.seq_pos_max(0) + 1
         done = 0
         while done < n_prompt:
             n = min(n_prompt - done, n_batch)
             ids = self.rng.integers(0, n_vocab, n).tolist()
             if done == 0 and tok.add_bos:
                 ids[0] = tok.bos
-            ctx.decode(Batch.from_tokens(ids, pos0=done))
+            ctx.decode(Batch.from_tokens(ids, pos0=pos0 + done))
             done += n
+
+    def _fill_depth(self, ctx: Context, t: BenchTest) -> None:
+        """Put ``t.n_depth`` tokens in the (cleared) cache: decoded the first time, restored
+        from the kept state afterwards (llama-bench keeps one depth state)."""
+        key = (t.n_depth, t.n_batch, t.n_ubatch, t.type_k, t.type_v, ctx.n_ctx)
+        if self._depth is not None and self._depth[0] == key:
+            self.progress(f"{t.name}: depth run (cached)")
+            ctx.kv.set_state(self._depth[1])
+            return
+        self.progress(f"{t.name}: depth run")
+        self._prompt(ctx, t.n_depth, ctx.n_batch)
+        self._depth = (key, ctx.kv.get_state())
 
     def _gen(self, ctx: Context, n_gen: int) -> None:
         tok = self.tokenizer
@@ -188,6 +212,8 @@ class Bench:
         samples = []
         for i in range(reps):
             ctx.clear()
+            if t.n_depth > 0:
+                self._fill_depth(ctx, t)
             t0 = time.perf_counter_ns()
             if t.n_prompt > 0:
                 self.progress(f"{t.name}: prompt run {i + 1}/{reps}")
@@ -209,12 +235,13 @@ class Bench:
             "n_batch": t.n_batch, "n_ubatch": t.n_ubatch, "n_threads": ctx.n_threads,
             "cpu_mask": "0x0", "cpu_strict": False, "poll": 50,
             "type_k": t.type_k, "type_v": t.type_v, "n_gpu_layers": 0, "n_cpu_moe": 0,
-            "split_mode": "layer", "main_gpu": 0, "no_kv_offload": False, "flash_attn": -1,
+            "split_mode": "layer", "main_gpu": 0, "no_kv_offload": False,
+            "flash_attn": t.flash_attn,
             "devices": "auto", "tensor_split": "0.00", "tensor_buft_overrides": "none",
             "load_mode": "mmap" if self.use_mmap else "none", "lazy_mode": "auto",
             "embeddings": False, "no_op_offload": 0, "no_host": False, "repack": True,
             "fit_target": 0, "fit_min_ctx": 0,
-            "n_prompt": t.n_prompt, "n_gen": t.n_gen, "n_depth": 0,
+            "n_prompt": t.n_prompt, "n_gen": t.n_gen, "n_depth": t.n_depth,
             "test_time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "avg_ns": avg_int(samples), "stddev_ns": stdev_int(samples),
             "avg_ts": avg_float(ts), "stddev_ts": stdev_float(ts),
@@ -268,15 +295,16 @@ def format_jsonl(r: BenchResult) -> str:
     return "{" + body + f'"samples_ns": [ {ns} ],"samples_ts": [ {ts} ]' + "}"
 
 
-_MD_NAMES = {"n_threads": "threads", "type_k": "type_k", "type_v": "type_v"}
+_MD_NAMES = {"n_threads": "threads", "type_k": "type_k", "type_v": "type_v", "flash_attn": "fa"}
 _MD_WIDTH = {"model": -30, "t/s": 20, "size": 10, "params": 10, "n_threads": 7,
-             "n_batch": 7, "n_ubatch": 8, "type_k": 6, "type_v": 6, "test": 15}  # fmt: skip
+             "n_batch": 7, "n_ubatch": 8, "type_k": 6, "type_v": 6, "flash_attn": 3,
+             "test": 15}  # fmt: skip
 
 
 def md_fields(tests: Sequence[BenchTest]) -> list[str]:
     """Columns llama-bench shows: the fixed ones plus parameters that differ from defaults."""
     fields = ["model", "size", "params", "backend", "n_threads"]
-    for name in ("n_batch", "n_ubatch", "type_k", "type_v"):
+    for name in ("n_batch", "n_ubatch", "type_k", "type_v", "flash_attn"):
         vals = {getattr(t, name) for t in tests}
         if len(vals) > 1 or vals != {DEFAULTS[name]}:
             fields.append(name)
