@@ -114,6 +114,68 @@ def _norm_quant(src, t0, t1, n, w, eps, dst, need, A):
     prepare_acts(dst, t0, t1, n, need, A)
 
 
+@njit(cache=True, inline="always")
+def _ffn(fmask, W, WD, NF, ffw, ln, need, n_tok, HP, eps, tid, nth, SS, bar, prof, clk):
+    """Feed-forward of rows ``0..n_tok`` of ``X``: norm, gate/up, SwiGLU or GEGLU, down
+    (+ post-norm) + residual. ``ffw`` = (gate, up, down) matrix indices, ``ln``/``need`` the
+    layer's rows of ``LN``/``LNEED``."""
+    X, XN, G, U, A, AP, XP = SS
+    wg, wu, wd = ffw
+    n_embd, n_ff, act = HP[0], HP[4], HP[8]
+    ffn_norm = NF[ln[1] : ln[1] + n_embd]
+    single = n_tok == 1
+    t0, t1 = split(n_tok, tid, nth)
+    ta, tb, AA = (tid, tid + 1, AP) if single else (0, n_tok, A)
+    if single:
+        XP[tid, :n_embd] = X[0, :n_embd]
+        _norm_quant(XP, tid, tid + 1, n_embd, ffn_norm, eps, XP, need[2], AP)
+        clk = tick(prof, tid, P_NORM, clk)
+    else:
+        _norm_quant(X, t0, t1, n_embd, ffn_norm, eps, XN, need[2], A)
+        clk = tick(prof, tid, P_NORM, clk)
+        clk = timed_barrier(bar, nth, prof, tid, clk)
+    g0, g1 = split((n_ff + 15) // 16, tid, nth)
+    matmul_sel(fmask, W, WD[wg], AA, ta, tb, g0, g1, G, 0, False)
+    matmul_sel(fmask, W, WD[wu], AA, ta, tb, g0, g1, U, 0, False)
+    if act == ACT_GEGLU:
+        geglu(G, U, 0, n_tok, 16 * g0, min(16 * g1, n_ff), G)
+    else:
+        swiglu(G, U, 0, n_tok, 16 * g0, min(16 * g1, n_ff), G)
+    clk = tick(prof, tid, P_FFN_UP, clk)
+    clk = timed_barrier(bar, nth, prof, tid, clk)
+    if single:
+        XP[tid, :n_ff] = G[0, :n_ff]
+        prepare_acts(XP, tid, tid + 1, n_ff, need[3], AP)
+    else:
+        prepare_acts(G, t0, t1, n_ff, need[3], A)
+        clk = tick(prof, tid, P_FFN_DOWN, clk)
+        clk = timed_barrier(bar, nth, prof, tid, clk)
+    clk = _proj_residual(
+        fmask,
+        W,
+        WD,
+        NF,
+        wd,
+        AA,
+        ta,
+        tb,
+        X,
+        XN,
+        ln[5],
+        n_embd,
+        eps,
+        tid,
+        nth,
+        t0,
+        t1,
+        bar,
+        prof,
+        clk,
+        P_FFN_DOWN,
+    )
+    return clk
+
+
 # profile slots (cycles per thread, see Workspace.prof)
 P_EMBD, P_NORM, P_QKV, P_ROPE, P_ATTN, P_OUT_PROJ, P_FFN_UP, P_FFN_DOWN, P_HEAD = range(9)
 
@@ -124,8 +186,8 @@ def _worker(fmask, tid, nth, WT, LT, GT, HP, FP, RP, FF, UB, KV, S, bar):
     LW, LN, LNEED, LKIND = LT
     tokens, pos, cells, mask, mask_swa, out_idx, ui = UB
     n_tok, n_kv, mode, n_out = ui[0], ui[1], ui[2], ui[3]
-    n_embd, n_head, n_head_kv, hd, n_ff = HP[0], HP[1], HP[2], HP[3], HP[4]
-    n_layer, n_rot, act = HP[6], HP[7], HP[8]
+    n_embd, n_head, n_head_kv, hd = HP[0], HP[1], HP[2], HP[3]
+    n_layer, n_rot = HP[6], HP[7]
     eps, kq_scale, embd_scale, softcap, q_scale = FP[0], FP[1], FP[2], FP[3], FP[4]
     KC, VC, kvi = KV
     k_type, v_type, rowb, n_ctx = kvi[0], kvi[1], kvi[2], kvi[3]
@@ -139,6 +201,7 @@ def _worker(fmask, tid, nth, WT, LT, GT, HP, FP, RP, FF, UB, KV, S, bar):
     # single-token ubatches: each thread prepares the activation row itself (row ``tid`` of
     # the private buffers), so no barrier is needed between a norm and its matmuls
     ta, tb, AA = (tid, tid + 1, AP) if single else (0, n_tok, A)
+    gathered = False  # the last layer moved the output rows to the front of X
     clk = cycles()
 
     # token embeddings (dequantized rows of the repacked table), scaled (gemma)
@@ -153,9 +216,7 @@ def _worker(fmask, tid, nth, WT, LT, GT, HP, FP, RP, FF, UB, KV, S, bar):
 
     for il in range(n_layer):
         wq, wk, wv, wo = LW[il, 0], LW[il, 1], LW[il, 2], LW[il, 3]
-        wg, wu, wd = LW[il, 4], LW[il, 5], LW[il, 6]
         attn_norm = NF[LN[il, 0] : LN[il, 0] + n_embd]
-        ffn_norm = NF[LN[il, 1] : LN[il, 1] + n_embd]
         kind = LKIND[il]
         rp = RP[kind]
         lmask = mask_swa if kind != 0 else mask
@@ -276,66 +337,47 @@ def _worker(fmask, tid, nth, WT, LT, GT, HP, FP, RP, FF, UB, KV, S, bar):
             P_OUT_PROJ,
         )
 
-        # ---- feed-forward: norm, gate/up, swiglu or geglu, down (+ post-norm) + residual
-        if single:
-            XP[tid, :n_embd] = X[0, :n_embd]
-            _norm_quant(XP, tid, tid + 1, n_embd, ffn_norm, eps, XP, LNEED[il, 2], AP)
-            clk = tick(prof, tid, P_NORM, clk)
-        else:
-            _norm_quant(X, t0, t1, n_embd, ffn_norm, eps, XN, LNEED[il, 2], A)
-            clk = tick(prof, tid, P_NORM, clk)
+        # ---- feed-forward. In the last layer only the rows whose logits are wanted go on,
+        # gathered to the front (llama.cpp's inp_out_ids), so that its matmuls see as many
+        # tokens as llama.cpp's do (their numerics depend on the count)
+        n_rows = n_tok
+        if il == n_layer - 1 and 0 < n_out < n_tok:
+            if tid == 0:
+                for i in range(n_out):
+                    X[i, :n_embd] = X[out_idx[i], :n_embd]
             clk = timed_barrier(bar, nth, prof, tid, clk)
-        g0, g1 = split((n_ff + 15) // 16, tid, nth)
-        matmul_sel(fmask, W, WD[wg], AA, ta, tb, g0, g1, G, 0, False)
-        matmul_sel(fmask, W, WD[wu], AA, ta, tb, g0, g1, U, 0, False)
-        if act == ACT_GEGLU:
-            geglu(G, U, 0, n_tok, 16 * g0, min(16 * g1, n_ff), G)
-        else:
-            swiglu(G, U, 0, n_tok, 16 * g0, min(16 * g1, n_ff), G)
-        clk = tick(prof, tid, P_FFN_UP, clk)
-        clk = timed_barrier(bar, nth, prof, tid, clk)
-        if single:
-            XP[tid, :n_ff] = G[0, :n_ff]
-            prepare_acts(XP, tid, tid + 1, n_ff, LNEED[il, 3], AP)
-        else:
-            prepare_acts(G, t0, t1, n_ff, LNEED[il, 3], A)
-            clk = tick(prof, tid, P_FFN_DOWN, clk)
-            clk = timed_barrier(bar, nth, prof, tid, clk)
-        clk = _proj_residual(
+            n_rows = n_out
+            gathered = True
+        clk = _ffn(
             fmask,
             W,
             WD,
             NF,
-            wd,
-            AA,
-            ta,
-            tb,
-            X,
-            XN,
-            LN[il, 5],
-            n_embd,
+            (LW[il, 4], LW[il, 5], LW[il, 6]),
+            LN[il],
+            LNEED[il],
+            n_rows,
+            HP,
             eps,
             tid,
             nth,
-            t0,
-            t1,
+            (X, XN, G, U, A, AP, XP),
             bar,
             prof,
             clk,
-            P_FFN_DOWN,
         )
 
     # ---- output head for the requested tokens
     if n_out > 0:
         onorm = NF[GT[2] : GT[2] + n_embd]
         if n_out == 1:
-            XP[tid, :n_embd] = X[out_idx[0], :n_embd]
+            XP[tid, :n_embd] = X[0 if gathered else out_idx[0], :n_embd]
             _norm_quant(XP, tid, tid + 1, n_embd, onorm, eps, XP, GT[3], AP)
             ha, hb, AH = tid, tid + 1, AP
         else:
             o0, o1 = split(n_out, tid, nth)
             for i in range(o0, o1):
-                XN[i, :n_embd] = X[out_idx[i], :n_embd]
+                XN[i, :n_embd] = X[i if gathered else out_idx[i], :n_embd]
             _norm_quant(XN, o0, o1, n_embd, onorm, eps, XN, GT[3], A)
             clk = tick(prof, tid, P_HEAD, clk)
             clk = timed_barrier(bar, nth, prof, tid, clk)

@@ -48,6 +48,9 @@ from .quantize_act import (
 )
 
 PREFETCH = 2048  # bytes ahead of the weight block being read
+# llama.cpp multiplies K-quant weights it does not repack (Q6_K on x86) with its tiled kernels
+# when the matmul has at least this many tokens, and with vec_dot below (ggml_tiled_min_batch)
+TILED_MIN_TOKENS = 8
 
 NEED_Q8, NEED_Q8K = 1 << ACT_Q8, 1 << ACT_Q8K
 NEED_FLOAT = (1 << ACT_F32) | (1 << ACT_F16) | (1 << ACT_BF16)
@@ -231,8 +234,15 @@ def mm_q5_k(w, desc, A, t0, t1, g0, g1, out, ot, add):
 
 @njit(cache=True)
 def mm_q6_k(w, desc, A, t0, t1, g0, g1, out, ot, add):
-    k1, k2, nblk = QK.q6_k_l1, QK.q6_k_l2, desc[3] // 256
-    _drive_lanes(QL.zero, QL.fin, k1, k2, w, desc[1], nblk, 3360, g0, g1, A, t0, t1, out, ot, add)
+    nblk = desc[3] // 256
+    if t1 - t0 >= TILED_MIN_TOKENS:  # llama.cpp's tiled K-quant matmul (see module doc)
+        k1, k4 = QK.q6_k_tiled_t1, QK.q6_k_tiled_t4
+        _drive(k1, k4, w, desc[1], nblk, 3360, g0, g1, A, t0, t1, out, ot, add)
+    else:
+        k1, k2 = QK.q6_k_l1, QK.q6_k_l2
+        _drive_lanes(
+            QL.zero, QL.fin, k1, k2, w, desc[1], nblk, 3360, g0, g1, A, t0, t1, out, ot, add
+        )
 
 
 @njit(cache=True)

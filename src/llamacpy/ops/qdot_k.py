@@ -301,6 +301,71 @@ def q6_k_l2(w, o, A, t, b, nb, a, c):
     return _q6_step(w, o, A, t, b, a), _q6_step(w, o, A, t + 1, b, c)
 
 
+# Q6_K as llama.cpp's tiled K-quant matmul sums it (``ggml-cpu/tiled``: batches of 8 tokens
+# and more, weights not repacked): the whole super-block as one exact int32,
+# ``s1 = sum_s scale_s * sum (q - 32) x``, then ``acc += (float(s1) * d_w) * d_x``, super-blocks
+# in order (the add is contracted into a multiply-add by the compiler).
+@njit(cache=True, inline="always")
+def _q6_scaled(w, so, w1, w2, w3, w4, xq, e):
+    """Scale-weighted ``q . x`` of one lane (see :func:`_q6_lane`) from decoded weights."""
+    z = vzero_i32()
+    s = vload_i8(w, so) * vdpbusd(z, w1, vbcast4(xq, e))
+    s = s + vload_i8(w, so + 32) * vdpbusd(z, w2, vbcast4(xq, e + 32))
+    s = s + vload_i8(w, so + 64) * vdpbusd(z, w3, vbcast4(xq, e + 64))
+    return s + vload_i8(w, so + 96) * vdpbusd(z, w4, vbcast4(xq, e + 96))
+
+
+@njit(cache=True, inline="always")
+def _q6_offsets(w, o, A, t, b):
+    s = vzero_i32()
+    for k in range(8):
+        s = s + _q6_offset(w, o, A, t, b, k)
+    return s
+
+
+@njit(cache=True, inline="always")
+def _q6_tiled_fin(acc, w, o, A, t, b, s1):
+    r = vcvt(s1) * vload_f16(w, o)
+    return vfma(r, vsplat_f32(A[5][t, b]), acc)
+
+
+@njit(cache=True, inline="always")
+def q6_k_tiled_t1(w, o, A, t, b, acc):
+    """One token, llama.cpp's tiled Q6_K numerics (f32 vector accumulator)."""
+    xq = A[4]
+    xi = _xk(A, t, b)
+    s = vzero_i32()
+    for n in range(2):
+        for k in range(8):
+            w1, w2, w3, w4 = _q6_chunk(w, o, n, k)
+            so = o + 32 + 16 * (8 * n + k // 4)
+            s = s + _q6_scaled(w, so, w1, w2, w3, w4, xq, xi + 128 * n + 4 * k)
+    return _q6_tiled_fin(acc, w, o, A, t, b, s - _q6_offsets(w, o, A, t, b))
+
+
+@njit(cache=True, inline="always")
+def q6_k_tiled_t4(w, o, A, t, b, a0, a1, a2, a3):
+    """Four tokens as :func:`q6_k_tiled_t1`, the weights decoded once."""
+    xq = A[4]
+    k4 = xq.shape[1]
+    x0 = _xk(A, t, b)
+    s0 = s1 = s2 = s3 = vzero_i32()
+    for n in range(2):
+        for k in range(8):
+            w1, w2, w3, w4 = _q6_chunk(w, o, n, k)
+            so = o + 32 + 16 * (8 * n + k // 4)
+            e = x0 + 128 * n + 4 * k
+            s0 = s0 + _q6_scaled(w, so, w1, w2, w3, w4, xq, e)
+            s1 = s1 + _q6_scaled(w, so, w1, w2, w3, w4, xq, e + k4)
+            s2 = s2 + _q6_scaled(w, so, w1, w2, w3, w4, xq, e + 2 * k4)
+            s3 = s3 + _q6_scaled(w, so, w1, w2, w3, w4, xq, e + 3 * k4)
+    a0 = _q6_tiled_fin(a0, w, o, A, t, b, s0 - _q6_offsets(w, o, A, t, b))
+    a1 = _q6_tiled_fin(a1, w, o, A, t + 1, b, s1 - _q6_offsets(w, o, A, t + 1, b))
+    a2 = _q6_tiled_fin(a2, w, o, A, t + 2, b, s2 - _q6_offsets(w, o, A, t + 2, b))
+    a3 = _q6_tiled_fin(a3, w, o, A, t + 3, b, s3 - _q6_offsets(w, o, A, t + 3, b))
+    return a0, a1, a2, a3
+
+
 # ----------------------------------------------------------------------------- Q2_K / Q3_K
 @njit(cache=True, inline="always")
 def _k23_w(v, hm, j, n, q3):
