@@ -71,19 +71,10 @@ def test_sliding_window_mask_per_sequence() -> None:
 
 # This model is sensitive enough to rounding that llama.cpp disagrees with itself when only
 # the summation order of its Q4_K matmuls changes (weights not repacked): META["self"] and
-# DATA["top1_self_*"] record by how much. Prompts and single-token decodes are bit-identical
-# to llama.cpp (its Q4_K/Q6_K accumulation order is reproduced); long prefills are not
-# exactly (about 0.1% in perplexity), so top-1 agreement over 512-token batches is held to
-# what llama.cpp reaches against itself, perplexity to 0.5%.
-SELF = META["self"]
-TOP1_MARGIN = 0.02
-
-
-def _top1_floor(n_ctx: int, cols: slice) -> float:
-    ref, other = DATA[f"top1_{n_ctx}"][:, cols], DATA[f"top1_self_{n_ctx}"][:, cols]
-    return min(0.99, float((ref == other).mean()) - TOP1_MARGIN)
-
-
+# DATA["top1_self_*"] record by how much (top-1 agreement ~93-94%). The engine reproduces
+# llama.cpp's summation order on every path (Q4_K repacked kernels, Q6_K vec_dot and, for 8+
+# tokens, its tiled kernel; the last layer's FFN on the output rows), so the top-1 tokens
+# agree at every position.
 @pytest.mark.slow
 def test_greedy_continuations_match_llama_cpp(ctx: Context) -> None:
     identical = 0
@@ -117,7 +108,7 @@ def test_perplexity_and_top1_match_llama_perplexity(gemma3_path: Path) -> None:
         agree += int((logits.argmax(-1) == top1[c, first:]).sum())
         lps.append(_logp(logits[:-1], chunk[first + 1 :]))
     lp = np.concatenate(lps)
-    assert agree / top1[:, first:].size >= _top1_floor(n_ctx, slice(first, None))
+    assert agree == top1[:, first:].size  # every position (llama.cpp against itself: ~93%)
     ppl = float(np.exp(-lp.mean()))
     assert ppl == pytest.approx(meta["ppl_llama_perplexity"], rel=5e-3)
 
@@ -144,7 +135,7 @@ def test_context_past_the_sliding_window_matches_llama_perplexity(ctx: Context) 
         agree += int((logits.argmax(-1) == top1[c, first:]).sum())
         lps.append(_logp(logits[:-1], chunk[first + 1 :]))
     lp = np.concatenate(lps)
-    assert agree / top1[:, first:].size >= _top1_floor(n_ctx, slice(first, None))
+    assert agree == top1[:, first:].size  # every position (llama.cpp against itself: ~93%)
     ppl = float(np.exp(-lp.mean()))
     assert ppl == pytest.approx(meta["ppl_llama_perplexity"], rel=1e-2)
     # the window matters: the last chunk under global attention in every layer is far off
