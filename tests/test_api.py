@@ -344,3 +344,9 @@ def test_kv_overrides_reach_the_tokenizer(smollm2_path):
     assert v.metadata["tokenizer.ggml.add_bos_token"] == "true"
     with pytest.raises(UsageError, match="hyper-parameters"):
         Llama(str(smollm2_path), verbose=False, kv_overrides={"llama.context_length": 4})
+
+
+@pytest.mark.parametrize("bias", [{99999999: 5.0}, {-1: 1.0}, {"x": 1.0}, {5: "high"}])
+def test_bad_logit_bias_is_a_value_error_naming_it(fresh, bias):
+    with pytest.raises(ValueError, match="logit_bias"):
+        fresh("Hello", max_tokens=2, logit_bias=bias)

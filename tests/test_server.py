@@ -552,3 +552,35 @@ def test_serve_command_sigterm_is_graceful(smollm2_path, tmp_path):
     text = log.read_text()
     assert "file-key-secret" not in text
     assert "POST /completion" in text  # -v logs requests, without their headers
+
+
+def test_logit_bias_false_bans_the_token_and_is_echoed_as_false(server):
+    base = native(server, prompt="The capital of France is", n_predict=2, temperature=0)
+    first = server.http.post("/tokenize", json={"content": base["content"]}).json()["tokens"][0]
+    r = native(server, prompt="The capital of France is", n_predict=2, temperature=0,
+               logit_bias=[[first, False]])  # fmt: skip
+    assert r["generation_settings"]["logit_bias"] == [[first, False]]
+    again = server.http.post("/tokenize", json={"content": r["content"]}).json()["tokens"]
+    assert again[0] != first
+
+
+@pytest.mark.parametrize(
+    "route, body",
+    [
+        ("/completion", {"prompt": "a\ud800b", "n_predict": 1}),
+        ("/completion", {"prompt": "hi", "n_predict": 1, "stop": ["\ud800"]}),
+        ("/completion", {"prompt": "hi", "n_predict": 1, "stream": True, "stop": ["\udfff"]}),
+        ("/v1/completions", {"prompt": "a\ud800b", "max_tokens": 1}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x\udc00"}]}),
+        ("/tokenize", {"content": "a\ud800"}),
+    ],
+)
+def test_lone_surrogates_are_a_400_on_every_route(server, route, body):
+    # json.dumps writes the escapes (\\ud800) that a client would send
+    r = server.http.post(route, content=json.dumps(body).encode(),
+                         headers={"Content-Type": "application/json"})  # fmt: skip
+    assert r.status_code == 400, r.text
+    assert "lone surrogate" in r.json()["error"]["message"]
+    # a valid pair is one character and is fine
+    ok = server.http.post("/tokenize", json={"content": "\U0001f600"})
+    assert ok.status_code == 200

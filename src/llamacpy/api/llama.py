@@ -116,8 +116,21 @@ def llama_cpp_sampler(
     return chain.add(Dist(seed))
 
 
-def _logit_bias_processor(bias: Mapping[Any, float]) -> Callable[..., np.ndarray]:
-    pairs = {int(k): float(v) for k, v in bias.items()}
+def _logit_bias_processor(bias: Mapping[Any, float], n_vocab: int) -> Callable[..., np.ndarray]:
+    """``scores[token] += bias`` for each pair, checked first (a bad key is a ValueError that
+    names it, before any compute)."""
+    pairs = {}
+    for k, v in bias.items():
+        try:
+            tid = int(k)
+        except (TypeError, ValueError):
+            raise ValueError(f"logit_bias: {k!r} is not a token id") from None
+        if not 0 <= tid < n_vocab:
+            raise ValueError(f"logit_bias: token id {tid} is out of range (0..{n_vocab - 1})")
+        try:
+            pairs[tid] = float(v)
+        except (TypeError, ValueError):
+            raise ValueError(f"logit_bias[{k!r}]: {v!r} is not a number") from None
 
     def apply(input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
         out = np.copy(scores)
@@ -344,9 +357,10 @@ class Llama:
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         processors = list(logits_processor or [])
         if logit_bias:
-            processors.append(_logit_bias_processor(logit_bias))
+            processors.append(_logit_bias_processor(logit_bias, self._tokenizer.n_vocab))
         if ignore_eos:
-            processors.append(_logit_bias_processor(dict.fromkeys(self._tokenizer.eog, -np.inf)))
+            eog = dict.fromkeys(self._tokenizer.eog, -np.inf)
+            processors.append(_logit_bias_processor(eog, self._tokenizer.n_vocab))
         sampler = self._sampler(
             seed, grammar, temp=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
             typical_p=typical_p, repeat_penalty=repeat_penalty,

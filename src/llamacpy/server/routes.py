@@ -4,6 +4,7 @@ the engine thread does all decoding."""
 from __future__ import annotations
 
 import base64
+import math
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -110,7 +111,8 @@ def _settings(m: ServingModel, sp: Any, n_predict: int, stop: list[str], stream:
         "mirostat_tau": sp.mirostat_tau, "mirostat_eta": sp.mirostat_eta, "stop": stop,
         "ignore_eos": sp.ignore_eos, "stream": stream, "n_probs": sp.n_probs,
         "min_keep": sp.min_keep, "samplers": list(sp.samplers),
-        "logit_bias": [list(p) for p in sp.logit_bias],
+        # a banned token (bias -inf, given as false) is echoed as false: JSON has no -inf
+        "logit_bias": [[t, b if math.isfinite(b) else False] for t, b in sp.logit_bias],
     }  # fmt: skip
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,7 +41,31 @@ def parse_json(body: bytes) -> dict[str, Any]:
         raise bad_request("the request body must be a JSON object")
     if _depth(value) > MAX_DEPTH:
         raise bad_request("the request body nests too deeply")
+    if _SURROGATE_ESCAPE.search(body) and (where := _lone_surrogate(value)) is not None:
+        # json accepts "\ud800" alone; it is no Unicode text (llama-server refuses it too)
+        raise bad_request(f"the request body is not valid JSON: a lone surrogate escape in {where}")
     return value
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _lone_surrogate(v: Any, where: str = "the body") -> str | None:
+    """Where a string (or key) of the parsed body holds a UTF-16 surrogate, or None."""
+    if isinstance(v, str):
+        return where if any("\ud800" <= ch <= "\udfff" for ch in v) else None
+    if isinstance(v, dict):
+        for k, x in v.items():
+            name = f"'{k}'" if where == "the body" else f"{where}[{k!r}]"
+            if (found := _lone_surrogate(k, f"a key of {where}")) or (
+                found := _lone_surrogate(x, name)
+            ):
+                return found
+    elif isinstance(v, list):
+        for i, x in enumerate(v):
+            if found := _lone_surrogate(x, f"{where}[{i}]"):
+                return found
+    return None
 
 
 def _depth(v: Any, d: int = 0) -> int:
