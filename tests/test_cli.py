@@ -51,3 +51,35 @@ def test_unknown_model_name() -> None:
     assert p.stderr.strip() == (
         "llamacpy: error: unknown model 'no-such-model'; known models: gemma3-270m, smollm2-135m"
     )
+
+
+@pytest.mark.parametrize("command", ["run", "chat", "serve", "perplexity", "embed", "bench"])
+def test_llama_cpp_gpu_flags_are_accepted_with_a_note(command):
+    from llamacpy import cli
+
+    argv = [command, "-m", "x", "-ngl", "99", "-sm", "row", "-mg", "0", "-ts", "3,1", "-dev",
+            "none", "-nkvo"]  # fmt: skip
+    plain = [command, "-m", "x"] + (["-f", "x.txt"] if command == "perplexity" else [])
+    args = cli.build_parser(command).parse_args(plain + argv[3:])
+    assert args.compat_gpu_layers == "99" and args.compat_split_mode == "row"
+    (note,) = cli.compat_notes(args)
+    assert "--gpu-layers" in note and "--no-kv-offload" in note and "no effect" in note
+    assert cli.compat_notes(cli.build_parser(command).parse_args(plain)) == []
+
+
+def test_run_accepts_no_cnv_fa_and_no_warmup():
+    from llamacpy import cli
+
+    args = cli.build_parser("run").parse_args(["run", "-m", "x", "-no-cnv", "-fa", "--no-warmup"])
+    assert args.compat_no_conversation and args.compat_flash_attn == "on"
+    assert args.compat_no_warmup
+
+
+@pytest.mark.parametrize("token", ["-nkvx", "-ngx", "-tb2x"])
+def test_an_unknown_short_option_is_named_not_split(token, capsys):
+    from llamacpy import cli
+
+    with pytest.raises(SystemExit) as e:
+        cli.main(["run", "-m", "x", token, "1", "-p", "hi"])
+    assert e.value.code == 2
+    assert f"unrecognized option '{token}'" in capsys.readouterr().err

@@ -46,6 +46,67 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+# llama.cpp flags that select GPUs or things this CPU engine always does: accepted (with a
+# note) so that a llama.cpp command line works as it is
+_COMPAT = (
+    (("-ngl", "--gpu-layers", "--n-gpu-layers"), "N", "layers on the GPU"),
+    (("-sm", "--split-mode"), "MODE", "how to split across GPUs"),
+    (("-mg", "--main-gpu"), "I", "the GPU to use"),
+    (("-ts", "--tensor-split"), "SPLIT", "split across GPUs"),
+    (("-dev", "--device"), "DEV", "devices to use"),
+)
+
+
+def add_compat_args(p: argparse.ArgumentParser, *, flash_attn: bool = True,
+                    conversation: bool = False, warmup: bool = True) -> None:  # fmt: skip
+    """llama.cpp's GPU and flash-attention flags, accepted and noted (see :func:`compat_notes`)."""
+    g = p.add_argument_group("accepted for llama.cpp compatibility (no effect here)")
+    for flags, metavar, what in _COMPAT:
+        g.add_argument(*flags, dest=f"compat_{flags[1][2:].replace('-', '_')}", metavar=metavar,
+                       default=None, help=f"{what}: llamacpy runs on the CPU")  # fmt: skip
+    g.add_argument("-nkvo", "--no-kv-offload", dest="compat_no_kv_offload", action="store_true",
+                   default=None, help="the KV cache is in RAM already")  # fmt: skip
+    if flash_attn:
+        g.add_argument("-fa", "--flash-attn", dest="compat_flash_attn", nargs="?", const="on",
+                       default=None, metavar="on|off|auto",
+                       help="attention always uses flash-attention numerics")  # fmt: skip
+    if conversation:
+        g.add_argument("-no-cnv", "--no-conversation", dest="compat_no_conversation",
+                       action="store_true", default=None,
+                       help="run never converses (use llamacpy chat)")  # fmt: skip
+    if warmup:
+        g.add_argument("--no-warmup", dest="compat_no_warmup", action="store_true",
+                       default=None, help="there is no warm-up run to skip")  # fmt: skip
+
+
+def compat_notes(args: argparse.Namespace) -> list[str]:
+    """One note per llama.cpp compatibility flag given (they change nothing here)."""
+    given = [k[len("compat_") :] for k, v in vars(args).items() if k.startswith("compat_")
+             and v is not None]  # fmt: skip
+    if not given:
+        return []
+    names = ", ".join("--" + k.replace("_", "-") for k in given)
+    return [f"llamacpy: note: {names}: no effect here (CPU engine; flash-attention numerics "
+            "always; no warm-up run)"]  # fmt: skip
+
+
+def _unknown_fused_option(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
+    """A token like ``-nkvo`` that is no option of the command: argparse would read it as
+    ``-n kvo`` and complain about the value. Returns the token to name instead."""
+    sub = parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and argv and argv[0] in action.choices:
+            sub = action.choices[argv[0]]
+    known = set(sub._option_string_actions)
+    for tok in argv[1:]:
+        if tok == "--":
+            break
+        if (len(tok) > 2 and tok[0] == "-" and tok[1].isalpha() and tok not in known
+                and "=" not in tok and any(c.isalpha() for c in tok[2:])):  # fmt: skip
+            return tok
+    return None
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The whole parser, or with ``only`` one subcommand's (its module alone is imported:
     ``llamacpy run ...`` does not import the server or the converter)."""
@@ -64,10 +125,14 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv[0] if argv and argv[0] in SUBCOMMANDS else None)
+    if (bad := _unknown_fused_option(parser, argv)) is not None:
+        parser.error(f"unrecognized option '{bad}' (see 'llamacpy {argv[0]} --help')")
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return 2
+    for note in compat_notes(args):
+        print(note, file=sys.stderr)
     if args.command not in _START_WITH_MODEL:
         resume_gc()
     try:

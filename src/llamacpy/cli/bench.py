@@ -14,6 +14,7 @@ import argparse
 import sys
 
 from ..errors import UsageError
+from . import add_compat_args
 
 FORMATS = ("md", "csv", "json", "jsonl", "none")
 
@@ -160,4 +161,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--progress", action="store_true", help="print progress to stderr")
     p.add_argument("--no-mmap", dest="mmap", action="store_false", help="read, do not map")
     p.add_argument("-v", "--verbose", action="store_true", help="(accepted for compatibility)")
+    add_compat_args(p, flash_attn=False, warmup=False)
     p.set_defaults(func=_bench)

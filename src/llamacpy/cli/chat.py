@@ -14,6 +14,7 @@ import sys
 from typing import Any, TextIO
 
 from ..errors import LlamacpyError
+from . import add_compat_args
 from .run import (
     add_model_args,
     add_sampling_args,
@@ -140,4 +141,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-n", "--predict", "--n-predict", dest="n_predict", type=int, default=-1,
                    help="most tokens per reply (default: -1 = until end of turn)")  # fmt: skip
     add_sampling_args(p)
+    add_compat_args(p)
     p.set_defaults(func=_chat)

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UsageError
+from . import add_compat_args
 from .tokenize import process_escapes
 
 FORMATS = ("json", "json+", "array")
@@ -165,4 +166,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--embd-separator", default="\n", help="prompt separator (default: newline)")
     p.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size (tokens)")
     p.add_argument("-t", "--threads", type=int, default=0, help="threads (default: cores)")
+    add_compat_args(p)
     p.set_defaults(func=_run)

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from ..errors import UsageError
+from . import add_compat_args
 
 
 def _perplexity(args: argparse.Namespace) -> int:
@@ -88,4 +89,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-ctv", "--cache-type-v", default="f16", help="KV cache type of V")
     p.add_argument("--no-mmap", dest="mmap", action="store_false", help="read, do not map")
     p.add_argument("-v", "--verbose", action="store_true", help="(accepted for compatibility)")
+    add_compat_args(p)
     p.set_defaults(func=_perplexity)

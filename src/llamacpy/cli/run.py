@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import LlamacpyError, UsageError
+from . import add_compat_args
 
 # flag -> (SamplingParams field, type, help)
 _SAMPLING_FLAGS: list[tuple[tuple[str, ...], str, type, str]] = [
@@ -286,4 +287,5 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="process escapes (\\n, \\t, ...) in the prompt (default)")  # fmt: skip
     p.add_argument("--no-escape", dest="escape", action="store_false")
     add_sampling_args(p)
+    add_compat_args(p, conversation=True)
     p.set_defaults(func=_run)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
+from . import add_compat_args
 from .run import add_sampling_args, sampling_params
 
 
@@ -140,4 +141,5 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "compatibility (/metrics is always on)")  # fmt: skip
     p.add_argument("-v", "--verbose", action="store_true", help="log every request")
     add_sampling_args(p)
+    add_compat_args(p)
     p.set_defaults(func=_serve)
