@@ -179,3 +179,34 @@ def test_state_round_trip_and_layout_check() -> None:
     assert wrong.n_used == 1  # untouched
     with pytest.raises(UsageError, match="missing field"):
         other.set_state({"pos": state["pos"]})
+
+
+def test_cell_search_starts_where_llama_cpp_starts_it():
+    """llama.cpp's head rules: seq_rm/seq_keep move the search start back to the first freed
+    cell, seq_add restarts it (at a freed cell or 0), and a search starts over at 0 when more
+    than ``used + 2 * n_tokens`` cells precede the head. Placement decides which cells the
+    attention covers (n_kv, the decode split), hence the logits."""
+    from llamacpy.engine.batch import split_batch
+    from llamacpy.engine.kv_cache import KVCache
+
+    def add(kv, n, p0, seq=0):
+        b = Batch()
+        for p in range(p0, p0 + n):
+            b.add(7, p, seq)
+        return kv.place(split_batch(b, 512)[0])
+
+    kv = KVCache(1, 1, 64, 1024, n_seq_max=2)  # head_dim 64, 1024 cells
+    assert add(kv, 80, 0).tolist() == list(range(80))
+    kv.seq_rm(0, 1, -1)  # a new request keeps the common prefix (one token)
+    assert kv.head == 1
+    assert add(kv, 5, 1).tolist() == [1, 2, 3, 4, 5]
+    add(kv, 300, 6)  # cells 6..305
+    kv.seq_rm(0, 200, -1)  # frees 200..305: head (306) moves back
+    assert kv.head == 200
+    kv.head = 700  # far past the used cells: the search starts over
+    assert add(kv, 10, 200).tolist() == list(range(200, 210))
+    kv.seq_add(0, 0, -1, 3)  # nothing freed: search from 0
+    assert kv.head == 0
+    add(kv, 4, 500, seq=1)
+    kv.seq_keep(0)  # frees seq 1's cells (210..213): head back to 210
+    assert kv.head == 210

@@ -139,16 +139,26 @@ class KVCache:
         self.seq[sel] = 0
         self.shift[sel] = 0
 
+    def _head_back(self, freed: np.ndarray) -> None:
+        """llama.cpp: when cells were freed, the next search starts at the first of them if
+        that is before the head."""
+        idx = np.flatnonzero(freed)
+        if idx.size and idx[0] < self.head:
+            self.head = int(idx[0])
+
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
         """Remove ``seq_id`` (all sequences when < 0) from the cells with ``p0 <= pos < p1``
         (negative bounds: open); cells left without a sequence become free."""
         sel = self._cells(seq_id, p0, p1)
         if seq_id < 0:
+            freed = sel & (self.pos >= 0)
             self._free(sel)
         else:
             w, b = divmod(seq_id, 64)
             self.seq[sel, w] &= ~np.uint64(1 << b)
-            self._free(sel & ~self.seq.any(axis=1))
+            freed = sel & ~self.seq.any(axis=1) & (self.pos >= 0)
+            self._free(freed)
+        self._head_back(freed)
         self._changed()
         return True
 
@@ -166,7 +176,9 @@ class KVCache:
         """Drop every other sequence; cells not in ``seq_id`` become free."""
         self._check_seq(seq_id)
         keep = self._has(seq_id) & (self.pos >= 0)
+        freed = ~keep & (self.pos >= 0)
         self._free(~keep)
+        self._head_back(freed)
         w, b = divmod(seq_id, 64)
         self.seq[keep] = 0
         self.seq[keep, w] = np.uint64(1 << b)
@@ -181,7 +193,11 @@ class KVCache:
         self.pos[sel] += delta
         self.shift[sel] += delta
         self.has_shift = bool(sel.any()) or self.has_shift
-        self._free(sel & (self.pos < 0))
+        freed = sel & (self.pos < 0)
+        self._free(freed)
+        # llama.cpp: the next search starts at the first freed cell, else at the start
+        idx = np.flatnonzero(freed)
+        self.head = int(idx[0]) if idx.size else 0
         self._changed()
 
     def seq_div(self, seq_id: int, p0: int, p1: int, d: int) -> None:
@@ -287,6 +303,8 @@ class KVCache:
         seqs = [int(x) for x in (np.unique(sid[sid >= 0]) if n > 1 or sid.shape[1] > 1 else sid[0])]
         prev = {s: self.seq_pos_max(s) for s in seqs}
         h = self.head
+        if h > 2 * n and h > self.n_used + 2 * n:  # llama.cpp: enough free cells before the head
+            h = 0
         if h + n <= self.n_ctx and (self.pos[h : h + n] < 0).all():
             cells = np.arange(h, h + n, dtype=np.int32)  # the usual case: free run at the head
         else:
