@@ -243,17 +243,22 @@ def _dot4(s1, s2, s3, s4, w1, w2, w3, w4, xq, xi):
 
 
 @njit(cache=True, inline="always")
-def _q6_lane(w, o, n, cc, xq, e):
-    """Lane ``cc`` of half ``n`` for one token (activations at ``xq[e:]``, ``e`` = its
-    super-block + 128n + 4cc): sum over the 4 chunks of sub-block scale * (q . x), q in
-    0..63 (the offset of 32 is taken back per lane by :func:`_q6_offset`)."""
-    w1, w2, w3, w4 = _q6_chunk(w, o, n, cc)
-    so = o + 32 + 16 * (8 * n + cc // 4)
+def _q6_scaled(w, so, w1, w2, w3, w4, xq, e):
+    """Scale-weighted ``q . x`` of one lane (see :func:`_q6_lane`) from decoded weights."""
     z = vzero_i32()
     s = vload_i8(w, so) * vdpbusd(z, w1, vbcast4(xq, e))
     s = s + vload_i8(w, so + 32) * vdpbusd(z, w2, vbcast4(xq, e + 32))
     s = s + vload_i8(w, so + 64) * vdpbusd(z, w3, vbcast4(xq, e + 64))
     return s + vload_i8(w, so + 96) * vdpbusd(z, w4, vbcast4(xq, e + 96))
+
+
+@njit(cache=True, inline="always")
+def _q6_lane(w, o, n, cc, xq, e):
+    """Lane ``cc`` of half ``n`` for one token (activations at ``xq[e:]``, ``e`` = its
+    super-block + 128n + 4cc): sum over the 4 chunks of sub-block scale * (q . x), q in
+    0..63 (the offset of 32 is taken back per lane by :func:`_q6_offset`)."""
+    w1, w2, w3, w4 = _q6_chunk(w, o, n, cc)
+    return _q6_scaled(w, o + 32 + 16 * (8 * n + cc // 4), w1, w2, w3, w4, xq, e)
 
 
 @njit(cache=True, inline="always")
@@ -305,16 +310,6 @@ def q6_k_l2(w, o, A, t, b, nb, a, c):
 # and more, weights not repacked): the whole super-block as one exact int32,
 # ``s1 = sum_s scale_s * sum (q - 32) x``, then ``acc += (float(s1) * d_w) * d_x``, super-blocks
 # in order (the add is contracted into a multiply-add by the compiler).
-@njit(cache=True, inline="always")
-def _q6_scaled(w, so, w1, w2, w3, w4, xq, e):
-    """Scale-weighted ``q . x`` of one lane (see :func:`_q6_lane`) from decoded weights."""
-    z = vzero_i32()
-    s = vload_i8(w, so) * vdpbusd(z, w1, vbcast4(xq, e))
-    s = s + vload_i8(w, so + 32) * vdpbusd(z, w2, vbcast4(xq, e + 32))
-    s = s + vload_i8(w, so + 64) * vdpbusd(z, w3, vbcast4(xq, e + 64))
-    return s + vload_i8(w, so + 96) * vdpbusd(z, w4, vbcast4(xq, e + 96))
-
-
 @njit(cache=True, inline="always")
 def _q6_offsets(w, o, A, t, b):
     s = vzero_i32()
