@@ -61,11 +61,12 @@ def test_terminal_line_is_redrawn_and_cleared():
     # drawn at the kernel's start (0 nested functions yet), cleared at its end
     assert "\r\x1b[K" in text and not text.endswith("\n")
     first = text.split("\r\x1b[K")[1]
-    assert re.search(r"\[-+\] 0/2 test_kernel_progress\..*kernel: 0 functions, 0:0\d$", first)
+    assert re.search(r"\[-+\] 0/2 test_kernel_progress\..*kernel: 0 functions, \d+:\d\d$", first)
     assert text.endswith("\r\x1b[K")  # the line is gone when the kernel is done
     assert len(p.done) == 1
     p.finish()
-    assert out.getvalue().endswith("compiled 1 kernel in 0 s (cached: later runs start at once)\n")
+    assert re.search(r"compiled 1 kernel in \d+ s \(cached: later runs start at once\)\n$",
+                     out.getvalue())  # fmt: skip
 
 
 def test_nested_functions_are_counted_while_the_kernel_compiles():
@@ -79,7 +80,7 @@ def test_nested_functions_are_counted_while_the_kernel_compiles():
 
     p = Spy(io.StringIO(), interactive=True)
     _compile_with(p)
-    assert seen and seen[0].endswith(tuple(f"1 function, 0:0{i}" for i in range(10)))
+    assert seen and re.search(r"1 function, \d+:\d\d$", seen[0])
 
 
 def test_kernels_already_cached_are_not_counted():
