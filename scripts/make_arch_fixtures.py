@@ -34,21 +34,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from llamacpy.gguf import GGMLType  # noqa: E402
-from llamacpy.models.tiny import write_tiny_llama  # noqa: E402
+from llamacpy.models.tiny import LLAMA_CPP_CASES, write_tiny_llama  # noqa: E402
 
 FIX = ROOT / "tests" / "fixtures" / "engine"
 SEED = 3
 TOKENS = [1, 50, 72, 101, 108, 108, 111, 33, 200, 3, 77, 140, 9, 250, 31, 66, 100, 12]
 PROMPT = [1, 84, 104, 101, 32, 99]
 N_GREEDY = 16
-# case -> (arch, tiny-model options, n_ctx)
-CASES = {
-    "qwen2": ("qwen2", {}, 64),
-    "qwen3": ("qwen3", {}, 64),
-    "phi3": ("phi3", {}, 256),
-    "phi3_long": ("phi3", {}, 512),
-    "llama_swa": ("llama", {"sliding_window": 4}, 64),
-}
+CASES = LLAMA_CPP_CASES  # case -> (arch, tiny-model options, n_ctx)
 TYPES = (GGMLType.F32, GGMLType.Q8_0)
 
 _CODE = """

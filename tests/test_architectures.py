@@ -7,9 +7,9 @@ with llama.cpp.
 * Decoders: logits shapes, cached decode (prompt, then one token at a time) == one full
   forward, a batch of two sequences == each alone, ``seq_rm`` + re-decode == the first pass.
   Encoders (bert): embedding shapes, two sequences in one batch == each alone.
-* qwen2, qwen3, phi3 (short and long rope factors) and a llama file with
-  ``llama.attention.sliding_window`` (llama.cpp ignores the key for ``llama``; so do we) vs
-  llama.cpp's logits and greedy continuations (``tests/fixtures/engine/arch_logits.npz``,
+* the cases of ``tiny.LLAMA_CPP_CASES`` (qwen2, qwen3, phi3 with short and long rope
+  factors, smollm3, a llama file with ``llama.attention.sliding_window``: llama.cpp ignores
+  the key for ``llama``, so do we) vs llama.cpp's logits and greedy continuations (``tests/fixtures/engine/arch_logits.npz``,
   ``scripts/make_arch_fixtures.py``).
 * An unknown ``general.architecture`` is an error listing the supported ones.
 """
@@ -27,7 +27,7 @@ from llamacpy.engine import Batch, Context, ContextParams
 from llamacpy.errors import ModelError
 from llamacpy.gguf import GGMLType, GGUFValueType, GGUFWriter
 from llamacpy.models import load_model, supported_architectures
-from llamacpy.models.tiny import write_tiny_bert, write_tiny_llama
+from llamacpy.models.tiny import LLAMA_CPP_CASES, TINY_ARCHS, write_tiny_bert, write_tiny_llama
 
 FIX = np.load(Path(__file__).parent / "fixtures" / "engine" / "arch_logits.npz")
 SEED = 3  # the fixtures' seed
@@ -41,15 +41,9 @@ def _decoder(arch: str, **kw) -> Builder:
     return lambda path, t: write_tiny_llama(path, t, seed=SEED, arch=arch, **kw)
 
 
-# architecture -> writer of a tiny random model of it (every registered one needs an entry)
-BUILDERS: dict[str, Builder] = {
-    "llama": _decoder("llama"),
-    "gemma3": _decoder("gemma3"),  # sliding window 4 on every other layer
-    "qwen2": _decoder("qwen2"),
-    "qwen3": _decoder("qwen3"),
-    "phi3": _decoder("phi3"),
-    "bert": lambda path, t: write_tiny_bert(path, t, seed=SEED),
-}
+# architecture -> writer of a tiny random model of it (every registered one needs one)
+BUILDERS: dict[str, Builder] = {arch: _decoder(arch) for arch in TINY_ARCHS}
+BUILDERS["bert"] = lambda path, t: write_tiny_bert(path, t, seed=SEED)
 ENCODERS = {"bert"}
 TOKENS = FIX["tokens"].tolist()  # 18 tokens: past gemma3's window of 4
 PROMPT = FIX["prompt"].tolist()
@@ -171,13 +165,7 @@ def test_k_shift_keeps_attention_relative(model_dir: Path, arch: str) -> None:
 
 # ---------------------------------------------------------------------- vs llama.cpp
 # case -> (arch, tiny-model options, n_ctx); see scripts/make_arch_fixtures.py
-CASES = {
-    "qwen2": ("qwen2", {}, 64),
-    "qwen3": ("qwen3", {}, 64),
-    "phi3": ("phi3", {}, 256),  # short rope factors
-    "phi3_long": ("phi3", {}, 512),  # long rope factors
-    "llama_swa": ("llama", {"sliding_window": 4}, 64),
-}
+CASES = LLAMA_CPP_CASES
 
 
 @pytest.mark.parametrize("t", [GGMLType.F32, GGMLType.Q8_0], ids=lambda t: t.name)
@@ -231,19 +219,24 @@ def test_unknown_architecture_lists_the_supported_ones(tmp_path: Path) -> None:
 def test_fused_tensor_split_is_checked(model_dir: Path) -> None:
     """Splitting a fused tensor into row ranges that do not add up is a clear error; the
     ranges that do give matrices of those rows."""
-    from llamacpy.models.variants import Loader
-    from llamacpy.models.weights import WeightStore, model_file
+    from llamacpy.models import check_model
+    from llamacpy.models.weights import model_file
 
-    mf = model_file(tiny(model_dir, "phi3", GGMLType.F32))
+    path = tiny(model_dir, "phi3", GGMLType.F32)
+    mf = model_file(path)
     try:
-        ld = Loader(mf, WeightStore())
+        shapes = {t.name: t.shape for t in mf.tensors}
         with pytest.raises(ModelError, match="attn_qkv"):
-            ld.rows("blk.0.attn_qkv.weight", (256, 128, 100))
-        q, k, v = ld.rows("blk.0.attn_qkv.weight", (256, 128, 128))
+            check_model(mf.metadata, {**shapes, "blk.0.attn_qkv.weight": (256, 484)})
+        with pytest.raises(ModelError, match="ffn_up.weight' is missing"):
+            check_model(mf.metadata, {k: v for k, v in shapes.items() if "ffn_up" not in k})
+        b = load_model(path).blk[0]
+        q, k, v = b.attn_q, b.attn_k, b.attn_v
         assert (q.nrows, k.nrows, v.nrows) == (256, 128, 128) and q.ncols == 256
         raw = mf.tensor("blk.0.attn_qkv.weight").raw.view(np.float32).reshape(512, 256)
+        store = load_model(path).store
         for m, r0 in ((q, 0), (k, 256), (v, 384)):
-            info = ld.store.matrices[m.index][1]
+            info = store.matrices[m.index][1]
             np.testing.assert_array_equal(
                 info.raw.view(np.float32).reshape(m.nrows, 256), raw[r0 : r0 + m.nrows]
             )

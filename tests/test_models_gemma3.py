@@ -46,8 +46,8 @@ def test_layer_pattern_and_hparams(ctx: Context) -> None:
     assert m.rope.freq_base == 1e6 and m.rope_swa.freq_base == 1e4
     assert m.rope.neox and m.rope_swa.neox
     assert m.attention_scales() == (1.0, 1.0 / 16)  # 1/sqrt(attention.key_length)
-    assert m.embd_scale == pytest.approx(640**0.5)
-    assert m.logit_softcap == 0.0
+    assert m.embd_scale() == pytest.approx(640**0.5)
+    assert m.logit_softcap() == 0.0
     assert m.blk[3].post_ffw_norm.name == "blk.3.post_ffw_norm.weight"
     assert m.output is m.token_embd
 

@@ -1,25 +1,21 @@
 """Model hyper-parameters from GGUF metadata, and the consistency checks run before inference.
 
-``HParams.from_gguf`` reads the ``{arch}.*`` keys; ``check_model`` then verifies that every
-tensor the architecture needs exists with the shape the hyper-parameters imply. Problems
-raise :class:`~llamacpy.errors.ModelError` naming the key or tensor, so a broken file fails
+``HParams.from_gguf`` reads the ``{arch}.*`` keys every decoder has; an architecture module
+declares its own keys and its tensors (``models.spec``), and ``models.check_model`` verifies
+a file against them. Problems raise :class:`~llamacpy.errors.ModelError` naming the key or tensor, so a broken file fails
 at load time with a clear message instead of crashing inside a kernel later.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from .errors import ModelError
 from .gguf.constants import KEY_ARCHITECTURE
-
-# Architectures whose hyper-parameters and tensor layout are known. The engine registers the
-# ones it can run; this table only describes what a well-formed file must contain.
-SUPPORTED_ARCHITECTURES = ("llama", "gemma3", "qwen2", "qwen3", "phi3")
 
 
 @dataclass(frozen=True)
@@ -48,11 +44,6 @@ class HParams:
         arch = metadata.get(KEY_ARCHITECTURE)
         if not isinstance(arch, str):
             raise ModelError(f"missing or non-string metadata key {KEY_ARCHITECTURE!r}")
-        if arch not in SUPPORTED_ARCHITECTURES:
-            raise ModelError(
-                f"unsupported architecture {arch!r} (key {KEY_ARCHITECTURE!r}); "
-                f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-            )
         get = _Getter(metadata, arch)
         n_embd = get.int("embedding_length")
         n_head = get.int("attention.head_count")
@@ -100,82 +91,29 @@ class HParams:
             n_swa=get.int("attention.sliding_window", default=0, minimum=0),
         )
 
-    def expected_tensors(self) -> dict[str, tuple[int, ...]]:
-        """Required tensor name -> shape (ggml order) for this architecture."""
-        e, v = self.n_embd, self.n_vocab
-        q, kv, vo = (
-            self.n_head * self.n_embd_head_k,
-            self.n_head_kv * self.n_embd_head_k,
-            self.n_head_kv * self.n_embd_head_v,
-        )
-        shapes: dict[str, tuple[int, ...]] = {
-            "token_embd.weight": (e, v),
-            "output_norm.weight": (e,),
-        }
-        for i in range(self.n_layer):
-            b = f"blk.{i}."
-            shapes |= {
-                b + "attn_norm.weight": (e,),
-                b + "attn_q.weight": (e, q),
-                b + "attn_k.weight": (e, kv),
-                b + "attn_v.weight": (e, vo),
-                b + "attn_output.weight": (self.n_head * self.n_embd_head_v, e),
-                b + "ffn_norm.weight": (e,),
-                b + "ffn_gate.weight": (e, self.n_ff),
-                b + "ffn_up.weight": (e, self.n_ff),
-                b + "ffn_down.weight": (self.n_ff, e),
-            }
-            if self.arch in ("gemma3", "qwen3"):
-                shapes |= {
-                    b + "attn_q_norm.weight": (self.n_embd_head_k,),
-                    b + "attn_k_norm.weight": (self.n_embd_head_k,),
-                }
-            if self.arch == "gemma3":
-                shapes |= {
-                    b + "post_attention_norm.weight": (e,),
-                    b + "post_ffw_norm.weight": (e,),
-                }
-            if self.arch == "phi3":  # fused gate|up; q/k/v fused or not (checked at load)
-                for name in ("attn_q", "attn_k", "attn_v", "ffn_gate"):
-                    del shapes[b + name + ".weight"]
-                shapes[b + "ffn_up.weight"] = (e, 2 * self.n_ff)
-        return shapes
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    """architecture-specific values (see ``models.spec.Param``)"""
 
+    def with_extra(self, extra: Mapping[str, Any]) -> HParams:
+        return replace(self, extra={**self.extra, **extra})
 
-def check_model(metadata: Mapping[str, Any], tensors: Mapping[str, tuple[int, ...]]) -> HParams:
-    """Validate a model before inference; ``tensors`` maps name -> shape (ggml order).
+    # sizes the tensor declarations use (``models.spec``)
+    @property
+    def n_embd_q(self) -> int:
+        return self.n_head * self.n_embd_head_k
 
-    Returns the hyper-parameters. Extra tensors are allowed (e.g. rope frequency factors);
-    a missing or mis-shaped required tensor is a :class:`ModelError`.
-    """
-    emb = tensors.get("token_embd.weight")
-    hp = HParams.from_gguf(metadata, n_vocab=None)
-    if hp.n_vocab == 0 and emb is not None and len(emb) == 2:
-        hp = HParams.from_gguf(metadata, n_vocab=emb[1])
-    if hp.n_vocab <= 0:
-        raise ModelError("cannot determine the vocabulary size (no tokenizer.ggml.tokens)")
-    tokens = metadata.get("tokenizer.ggml.tokens")
-    if tokens is not None and len(tokens) != hp.n_vocab:
-        raise ModelError(
-            f"{hp.arch}.vocab_size is {hp.n_vocab} but tokenizer.ggml.tokens has {len(tokens)} "
-            "entries (key tokenizer.ggml.tokens)"
-        )
-    for name, shape in hp.expected_tensors().items():
-        got = tensors.get(name)
-        if got is None:
-            raise ModelError(f"tensor {name!r} is missing (required by {hp.arch})")
-        if tuple(got) != shape:
-            raise ModelError(
-                f"tensor {name!r} has shape {tuple(got)}, expected {shape} from the "
-                f"hyper-parameters (n_embd={hp.n_embd}, n_head={hp.n_head}, "
-                f"n_head_kv={hp.n_head_kv}, n_ff={hp.n_ff}, n_vocab={hp.n_vocab})"
-            )
-    out = tensors.get("output.weight")
-    if out is not None and tuple(out) != (hp.n_embd, hp.n_vocab):
-        raise ModelError(
-            f"tensor 'output.weight' has shape {tuple(out)}, expected {(hp.n_embd, hp.n_vocab)}"
-        )
-    return hp
+    @property
+    def n_embd_k_gqa(self) -> int:
+        return self.n_head_kv * self.n_embd_head_k
+
+    @property
+    def n_embd_v_gqa(self) -> int:
+        return self.n_head_kv * self.n_embd_head_v
+
+    @property
+    def n_embd_o(self) -> int:
+        """Columns of ``attn_output``: the attention output of all heads."""
+        return self.n_head * self.n_embd_head_v
 
 
 class _Getter:

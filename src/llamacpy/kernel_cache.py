@@ -34,7 +34,7 @@ from numba.np import numpy_support
 
 _ROOT = Path(__file__).resolve().parent  # the llamacpy package
 KERNEL_PACKAGES = ("simd", "quants", "ops", "tokenizer", "sampling", "models", "engine", "quantize")
-_KERNEL_DIRS = tuple(_ROOT / p for p in KERNEL_PACKAGES)
+_KERNEL_DIRS = [_ROOT / p for p in KERNEL_PACKAGES]  # (+ generated kernels' directories)
 _ROOT_S = str(_ROOT)
 
 
@@ -123,6 +123,14 @@ def kernel_stamp(py_file: str) -> bytes:
     path = _resolved(py_file) or Path(py_file)
     files = tuple((p, st.st_mtime_ns, st.st_size) for p, st in _closure_stats(str(path)))
     return _hash(files)
+
+
+def add_kernel_dir(path: Path) -> None:
+    """Treat the modules of ``path`` (generated kernels, see ``models.compose``) as kernel
+    files: cached with the stamp of everything they import."""
+    path = Path(path).resolve()
+    if path not in _KERNEL_DIRS:
+        _KERNEL_DIRS.append(path)
 
 
 def _is_kernel_file(py_file: str) -> bool:

@@ -55,6 +55,8 @@ MANIFEST: dict[str, dict[str, float]] = _load_manifest()  # command -> {kernel: 
 def kernel_id(dispatcher) -> str:
     """``module:qualname`` of a dispatcher's Python function (the manifest's key)."""
     f = dispatcher.py_func
+    if f.__module__.startswith("llamacpy_forward_"):  # a generated forward (models.compose)
+        return f"llamacpy.models.compose:{f.__qualname__}"
     return f"{f.__module__}:{f.__qualname__}"
 
 

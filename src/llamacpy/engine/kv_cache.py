@@ -215,7 +215,8 @@ class KVCache:
 
     def apply_shift(self, rope, freqs: np.ndarray) -> None:
         """Re-rope the keys of shifted cells by their accumulated shift (K-shift); ``rope``
-        is one :class:`~llamacpy.ops.rope.RopeParams` or a list of one per layer."""
+        is one :class:`~llamacpy.ops.rope.RopeParams` or a list of one per layer (None: a
+        layer without rope, whose keys do not move)."""
         if not self.has_shift:
             return
         cells = np.nonzero(self.shift)[0].astype(np.int32)
@@ -226,6 +227,8 @@ class KVCache:
         else:  # per layer (gemma3: sliding-window layers have their own rope base)
             groups = [(self.k[il : il + 1], ropes[il]) for il in range(n_layer)]
         for k, r in groups:
+            if r is None:
+                continue
             rope_shift_rows(
                 k.reshape(-1),
                 self.type_k,

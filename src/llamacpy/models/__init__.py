@@ -1,47 +1,59 @@
-"""L3: one module per ``general.architecture``, found through a lazy registry.
+"""L3: one module per ``general.architecture``, found by its name.
 
-``load_model(path)`` opens a GGUF model (or the first shard of a split one), looks its
-architecture up here, imports that module only then, and returns the loaded model. Adding an
-architecture = its module + one line in ``_ARCHITECTURES`` + its entry in the shared tests.
+``load_model(path)`` opens a GGUF model (or the first shard of a split one), imports the
+module ``llamacpy.models.<architecture>`` (``-`` written ``_``; only then) and loads the model with the class the
+module exports as ``MODEL``. Adding an architecture = its module (and its tiny-model
+builder in :mod:`.tiny`, which the shared tests run).
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+import re
+from collections.abc import Mapping
+from functools import cache
+from pathlib import Path
 from typing import Any
 
 from ..errors import ModelError
 from ..gguf import GGUFModelFile
 from ..gguf.constants import KEY_ARCHITECTURE
+from ..hparams import HParams
 from .common import RopeOverrides
 from .weights import TensorSource, model_file
 
-# architecture -> (module, class)
-_ARCHITECTURES: dict[str, tuple[str, str]] = {
-    "llama": ("llamacpy.models.llama", "LlamaModel"),
-    "gemma3": ("llamacpy.models.gemma3", "Gemma3Model"),
-    "qwen2": ("llamacpy.models.qwen2", "Qwen2Model"),
-    "qwen3": ("llamacpy.models.qwen3", "Qwen3Model"),
-    "phi3": ("llamacpy.models.phi3", "Phi3Model"),
-    "bert": ("llamacpy.models.bert", "BertModel"),
-}
+_DIR = Path(__file__).resolve().parent
+_EXPORT = re.compile(r"^MODEL = ", re.M)
 
 
+@cache
 def supported_architectures() -> tuple[str, ...]:
-    return tuple(_ARCHITECTURES)
+    """The architectures with a module here (a module that exports ``MODEL``)."""
+    found = []
+    for p in sorted(_DIR.glob("*.py")):
+        if not p.name.startswith("_") and _EXPORT.search(p.read_text(encoding="utf-8")):
+            found.append(p.stem.replace("_", "-"))  # (a module name cannot hold "-")
+    return tuple(found)
 
 
 def model_class(arch: str) -> Any:
     """The model class of an architecture (imported on first use)."""
-    try:
-        module, name = _ARCHITECTURES[arch]
-    except KeyError:
+    if arch not in supported_architectures():
         raise ModelError(
             f"architecture {arch!r} is not supported by the engine (key {KEY_ARCHITECTURE!r}); "
-            f"supported: {', '.join(_ARCHITECTURES)}"
-        ) from None
-    return getattr(importlib.import_module(module), name)
+            f"supported: {', '.join(supported_architectures())}"
+        )
+    return importlib.import_module(f"{__name__}.{arch.replace('-', '_')}").MODEL
+
+
+def check_model(metadata: Mapping[str, Any], tensors: Mapping[str, tuple[int, ...]]) -> HParams:
+    """Validate a model file before inference against its architecture's declarations;
+    ``tensors`` maps name -> shape (ggml order). Returns the hyper-parameters."""
+    arch = metadata.get(KEY_ARCHITECTURE)
+    if not isinstance(arch, str):
+        raise ModelError(f"missing or non-string metadata key {KEY_ARCHITECTURE!r}")
+    return model_class(arch).check(metadata, tensors)
 
 
 def load_model(
@@ -80,4 +92,10 @@ def load_model(
     return model
 
 
-__all__ = ["RopeOverrides", "load_model", "model_class", "supported_architectures"]
+__all__ = [
+    "RopeOverrides",
+    "check_model",
+    "load_model",
+    "model_class",
+    "supported_architectures",
+]

@@ -332,3 +332,6 @@ class BertModel:
                 q, 0, n, e, self._v(b.layer_output_norm), self._v(b.layer_output_norm_b), eps, x
             )
         return x[:n, :e]
+
+
+MODEL = BertModel

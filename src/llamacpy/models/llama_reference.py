@@ -1,4 +1,4 @@
-"""The numpy twin of :mod:`.llama_kernel`: the same forward pass, op by op, in numpy.
+"""The numpy twin of the llama forward (:mod:`.stages`): the same pass, op by op, in numpy.
 
 Slow and single-threaded; used by the tests to check the compiled forward (and, through it,
 every kernel in its context). It reads and writes the same KV cache arrays and follows the

@@ -6,55 +6,16 @@ from ``n_embd / n_head``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
-from ..gguf import GGUFModelFile
-from ..hparams import HParams
-from .common import RopeOverrides
-from .llama import LlamaBlock, LlamaModel
-from .variants import Loader, load_decoder, plain_block
-from .weights import TensorSource, Vector
-
-_UNSUPPORTED = (
-    "attn_qkv.weight",
-    "attn_q.bias",
-    "attn_k.bias",
-    "attn_v.bias",
-    "attn_output.bias",
-    "ffn_gate_inp.weight",
-    "cls_out.weight",
-)
+from .decoder import BIASES, LLAMA_BLOCK, LLAMA_TENSORS, QK_NORM_TENSORS, Decoder, after
 
 
-@dataclass(frozen=True)
-class Qwen3Block(LlamaBlock):
-    attn_q_norm: Vector
-    attn_k_norm: Vector
-
-
-def _block(ld: Loader, p: str, hp: HParams) -> Qwen3Block:
-    d = hp.n_embd_head_k
-    norms = {
-        "attn_q_norm": ld.vec(p + "attn_q_norm.weight", d),
-        "attn_k_norm": ld.vec(p + "attn_k_norm.weight", d),
-    }
-    return Qwen3Block(**plain_block(ld, p, hp, **norms))
-
-
-class Qwen3Model(LlamaModel):
-    """A loaded qwen3 model; see the module docstring."""
-
+class Qwen3Model(Decoder):
     arch = "qwen3"
+    tensors = LLAMA_TENSORS + QK_NORM_TENSORS
+    unsupported = ("attn_qkv.weight", *BIASES, "ffn_gate_inp.weight", "cls_out.weight")
+    # per-head rms_norm(q) * attn_q_norm, rms_norm(k) * attn_k_norm, before rope
+    block = after(LLAMA_BLOCK, "qkv", "qk_norm")
     rope_neox = True
 
-    @classmethod
-    def load_extra(cls, ld: Loader, source: TensorSource, hp: HParams) -> dict[str, Any]:
-        return {}
 
-    @classmethod
-    def load(
-        cls, mf: GGUFModelFile, source: TensorSource, rope: RopeOverrides | None = None
-    ) -> Qwen3Model:
-        """Check, read and repack a model's tensors (see :mod:`.variants`)."""
-        return load_decoder(cls, mf, source, rope, _block, _UNSUPPORTED)
+MODEL = Qwen3Model

@@ -38,6 +38,15 @@ _SCALES: dict[GGMLType, tuple[tuple[int, float], ...]] = {
     GGMLType.IQ4_XS: ((0, 0.00003),),
 }
 TINY_ARCHS = ("llama", "qwen2", "qwen3", "phi3", "gemma3")
+# Cases compared with llama.cpp's logits and greedy text (tests/test_architectures.py,
+# fixtures from scripts/make_arch_fixtures.py): name -> (arch, builder options, n_ctx)
+LLAMA_CPP_CASES: dict[str, tuple[str, dict, int]] = {
+    "qwen2": ("qwen2", {}, 64),
+    "qwen3": ("qwen3", {}, 64),
+    "phi3": ("phi3", {}, 256),  # short rope factors
+    "phi3_long": ("phi3", {}, 512),  # long rope factors (context above the original 256)
+    "llama_swa": ("llama", {"sliding_window": 4}, 64),  # the key is ignored for llama
+}
 PHI3_ORIG_CTX = 256  # phi3: rope.scaling.original_context_length (long factors above it)
 PHI3_N_CTX = 1024  # phi3: context_length
 TINY_SHAPE = {
@@ -95,7 +104,8 @@ def write_tiny_llama(
     """
     if arch not in TINY_ARCHS:
         raise ValueError(f"tiny models exist for {', '.join(TINY_ARCHS)}, not {arch!r}")
-    s = {**TINY_SHAPE, **({"n_ctx": PHI3_N_CTX} if arch == "phi3" else {}), **shape}
+    own = {"phi3": {"n_ctx": PHI3_N_CTX}}.get(arch, {})
+    s = {**TINY_SHAPE, **own, **shape}
     e, f, v = s["n_embd"], s["n_ff"], s["n_vocab"]
     hd = 32 if arch == "qwen3" else e // s["n_head"]
     qd = hd * s["n_head"]

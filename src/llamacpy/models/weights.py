@@ -14,7 +14,7 @@ import ctypes
 import mmap
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numba
@@ -23,6 +23,7 @@ import numpy as np
 from .._startup import libc_madvise, take_memory
 from ..errors import ModelError
 from ..gguf import GGMLType, GGUFModelFile, TensorInfo
+from ..gguf.constants import GGML_BLOCK_SIZES
 from ..ops import formats
 
 _ALIGN = 64
@@ -377,3 +378,20 @@ class WeightStore:
 def model_file(path: str | os.PathLike[str]) -> GGUFModelFile:
     """Open a model (first shard of a split model, or a single file) for loading."""
     return GGUFModelFile(Path(path))
+
+
+def row_slice(info: TensorInfo, r0: int, n: int) -> TensorInfo:
+    """Rows ``r0 .. r0+n`` of a 2-D tensor (ggml rows are contiguous, whole blocks)."""
+    ncols = info.shape[0]
+    qk, size = GGML_BLOCK_SIZES[info.type]
+    if ncols % qk:
+        raise ModelError(f"tensor {info.name!r}: rows of {ncols} are not whole {qk}-blocks")
+    rb = ncols // qk * size
+    return replace(
+        info,
+        shape=(ncols, n),
+        offset=info.offset + r0 * rb,
+        data_offset=info.data_offset + r0 * rb,
+        nbytes=n * rb,
+        n_elements=n * ncols,
+    )

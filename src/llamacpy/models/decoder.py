@@ -1,0 +1,388 @@
+"""The decoder every llama-like architecture module declares itself as.
+
+An architecture is a :class:`Decoder` subclass that reads as the model (see ``llama.py``,
+``qwen3.py``): its tensors (:mod:`.spec` declarations), its extra hyper-parameters, its
+block as a tuple of stage names (:mod:`.stages`), its rope kind and a few numeric choices
+(attention scales, embedding scale, which layers use a sliding window or no rope). This
+module turns the declarations into a loaded model: it checks the file against them, reads
+and repacks the weights into the layer table the compiled forward reads by field name, and
+runs the forward :mod:`.compose` builds from the block.
+
+The model owns no sequence state: :meth:`Decoder.forward` gets the ubatch, the attention
+plan (which cache cells each token writes and may see) and the KV cache from the engine, and
+a :class:`Workspace` of scratch buffers it allocated with :meth:`Decoder.workspace`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..errors import ModelError
+from ..gguf import GGMLType, GGUFModelFile, TensorInfo
+from ..hparams import HParams
+from ..kernel_cache import preload
+from ..ops import formats
+from ..ops.attention import TILE
+from ..ops.matmul import act_need, format_mask, new_acts
+from ..ops.rope import RopeParams
+from ..ops.threads import new_barrier
+from . import stages
+from .common import RopeOverrides, UBatchArrays, lazy_zeros, rope_params
+from .compose import compiled_forward
+from .spec import Fused, Param, Tensor, check_tensors, read_hparams, shape_of
+from .weights import Matrix, TensorSource, Vector, WeightStore, row_slice
+
+# The tensors of a llama block, and of the model around the blocks.
+LLAMA_TENSORS: tuple[Tensor | Fused, ...] = (
+    Tensor("token_embd.weight", ("n_embd", "n_vocab")),
+    Tensor("output_norm.weight", ("n_embd",)),
+    Tensor("output.weight", ("n_embd", "n_vocab"), optional=True),  # absent: tied to token_embd
+    Tensor("rope_freqs.weight", ("n_rot/2",), optional=True, raw=True),  # llama3 rope factors
+    Tensor("blk.{i}.attn_norm.weight", ("n_embd",)),
+    Tensor("blk.{i}.attn_q.weight", ("n_embd", "n_embd_q")),
+    Tensor("blk.{i}.attn_k.weight", ("n_embd", "n_embd_k_gqa")),
+    Tensor("blk.{i}.attn_v.weight", ("n_embd", "n_embd_v_gqa")),
+    Tensor("blk.{i}.attn_output.weight", ("n_embd_o", "n_embd")),
+    Tensor("blk.{i}.ffn_norm.weight", ("n_embd",)),
+    Tensor("blk.{i}.ffn_gate.weight", ("n_embd", "n_ff")),
+    Tensor("blk.{i}.ffn_up.weight", ("n_embd", "n_ff")),
+    Tensor("blk.{i}.ffn_down.weight", ("n_ff", "n_embd")),
+)
+QK_NORM_TENSORS = (
+    Tensor("blk.{i}.attn_q_norm.weight", ("n_embd_head_k",)),
+    Tensor("blk.{i}.attn_k_norm.weight", ("n_embd_head_k",)),
+)
+# The llama block: pre-norm attention and a SwiGLU feed-forward, each added to the residual.
+LLAMA_BLOCK = (
+    "attn_norm",  # h = rms_norm(x) * attn_norm
+    "qkv",  # q, k, v = h . attn_q, attn_k, attn_v
+    "rope",  # rotate q, k by position
+    "kv_store",  # k, v -> the cache cells of the tokens
+    "attention",  # att = softmax(q . K^T * scale + mask) . V
+    "out_proj",  # x += att . attn_output
+    "out_rows",  # last layer: keep the rows whose logits are wanted
+    "ffn_norm",  # h = rms_norm(x) * ffn_norm
+    "ffn_swiglu",  # g = silu(h . ffn_gate) * (h . ffn_up)
+    "ffn_down",  # x += g . ffn_down
+)
+
+
+# Tensors of llama-like variants that a plain llama block does not run.
+BIASES = ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias")
+
+
+def after(block: tuple[str, ...], stage: str, *new: str) -> tuple[str, ...]:
+    """``block`` with the stages ``new`` inserted right after ``stage``."""
+    i = block.index(stage) + 1
+    return block[:i] + new + block[i:]
+
+
+class Layer:
+    """One block's weights: an attribute per declared tensor (None when absent)."""
+
+    def __init__(self, fields: Mapping[str, Any]) -> None:
+        self.__dict__.update(fields)
+
+    def __getattr__(self, name: str) -> None:  # undeclared tensors: absent
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return None
+
+
+class Decoder:
+    """A loaded llama-like model; subclasses declare an architecture (class attributes)."""
+
+    arch: ClassVar[str] = ""
+    tensors: ClassVar[tuple[Tensor | Fused, ...]] = LLAMA_TENSORS
+    params: ClassVar[tuple[Param, ...]] = ()
+    unsupported: ClassVar[tuple[str, ...]] = ()  # tensor name endings of variants refused
+    block: ClassVar[tuple[str, ...]] = LLAMA_BLOCK
+    rope_neox: ClassVar[bool] = False
+
+    # ------------------------------------------------------------------ numeric choices
+    def attention_scales(self) -> tuple[float, float]:
+        """(scale of the K.Q scores, scale applied to the roped queries by ``scale_q``)."""
+        return float(np.float32(1.0) / np.sqrt(np.float32(self.hparams.n_embd_head_k))), 1.0
+
+    def embd_scale(self) -> float:
+        """Token embeddings are multiplied by this."""
+        return 1.0
+
+    def logit_softcap(self) -> float:
+        """Logits -> c * tanh(logits / c) when c > 0."""
+        return 0.0
+
+    def swa_layers(self, md: Mapping[str, Any]) -> tuple[bool, ...]:
+        """Per layer: attends through the sliding window (``n_swa``)."""
+        return (False,) * self.hparams.n_layer
+
+    def layer_rope(self, il: int) -> bool:
+        """Whether layer ``il`` rotates its queries and keys."""
+        return True
+
+    def rope_swa_params(self, md: Mapping[str, Any], rope: RopeParams) -> RopeParams:
+        """The rope of the sliding-window layers."""
+        return rope
+
+    def rope_factors(self, n_ctx: int) -> np.ndarray:
+        """The rope frequency factors of a context of ``n_ctx`` cells (empty: none)."""
+        return self.freqs_arr
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def check(cls, md: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]) -> HParams:
+        """The file's hyper-parameters, after checking its tensors against the declarations
+        (before any weight is read)."""
+        hp = read_hparams(cls.arch, md, shapes, cls.params)
+        check_tensors(cls.arch, hp, cls.tensors, shapes, cls.unsupported)
+        d = hp.n_embd_head_k
+        if d != hp.n_embd_head_v or d != hp.n_rot:
+            raise ModelError(
+                f"{cls.arch} needs head size == value size == rope dims, got {d}, "
+                f"{hp.n_embd_head_v}, {hp.n_rot}"
+            )
+        if d % 16 or hp.n_embd % 16 or hp.n_ff % 16:
+            raise ModelError(
+                f"unsupported shape: head size ({d}), n_embd ({hp.n_embd}) and n_ff "
+                f"({hp.n_ff}) must be multiples of 16"
+            )
+        return hp
+
+    @classmethod
+    def load(
+        cls, mf: GGUFModelFile, source: TensorSource, rope: RopeOverrides | None = None
+    ) -> Decoder:
+        """Check, read and repack a model's tensors (see :mod:`.weights`)."""
+        md = mf.metadata
+        hp = cls.check(md, {t.name: t.shape for t in mf.tensors})
+        store = WeightStore()
+        glob = _read(cls.tensors, mf, store, source, hp, None)
+        blk = [Layer(_read(cls.tensors, mf, store, source, hp, i)) for i in range(hp.n_layer)]
+        for m, _ in store.matrices:
+            qk = formats.layout(m.type, tensor=m.name).qk
+            if m.ncols % qk:
+                raise ModelError(
+                    f"tensor {m.name!r}: {m.ncols} columns are not a multiple of the "
+                    f"{m.type.name} block size {qk}"
+                )
+        store.build(source)
+        rp = rope_params(md, cls.arch, hp.n_rot, hp.n_ctx_train, cls.rope_neox, rope)
+        return cls(hp, rp, store, glob, blk, md)
+
+    def __init__(
+        self,
+        hparams: HParams,
+        rope: RopeParams,
+        store: WeightStore,
+        glob: Mapping[str, Any],
+        blk: list[Layer],
+        md: Mapping[str, Any],
+    ) -> None:
+        self.hparams = hparams
+        self.rope = rope
+        self.store = store
+        self.blk = blk
+        self.token_embd: Matrix = glob["token_embd"]
+        self.output_norm: Vector = glob["output_norm"]
+        self.output: Matrix = glob.get("output") or self.token_embd
+        self.rope_freqs: np.ndarray | None = glob.get("rope_freqs")
+        self.glob = glob
+        swa = self.swa_layers(md)
+        self.n_swa = hparams.n_swa if any(swa) else 0
+        self.layer_swa = swa
+        self.rope_swa = self.rope_swa_params(md, rope)
+        self.forward_kernel = compiled_forward(self.block)
+        self._pack()
+
+    def _pack(self) -> None:
+        """The tables the compiled forward reads by field name."""
+        hp = self.hparams
+        self.fmask = format_mask(self.store.types)
+        lt = np.full(hp.n_layer, stages.NONE, stages.LAYER_DTYPE)
+        for il, b in enumerate(self.blk):
+            row = lt[il]
+            for name, v in vars(b).items():
+                if v is not None and name in stages.LAYER_DTYPE.names:
+                    row[name] = v.index if isinstance(v, Matrix) else v.offset
+            row["need_qkv"] = act_need([b.attn_q.type, b.attn_k.type, b.attn_v.type])
+            row["need_out"] = act_need([b.attn_output.type])
+            row["need_ffn"] = act_need([b.ffn_gate.type, b.ffn_up.type])
+            row["need_down"] = act_need([b.ffn_down.type])
+            row["swa"] = int(self.layer_swa[il])
+            row["rope"] = int(self.layer_rope(il))
+            row["index"] = il
+            row["last"] = int(il == hp.n_layer - 1)
+        self.layer_table = lt
+        kq_scale, q_scale = self.attention_scales()
+        m = np.zeros(1, stages.MODEL_DTYPE)
+        m[0] = (
+            hp.n_embd, hp.n_head, hp.n_head_kv, hp.n_embd_head_k, hp.n_ff, hp.n_vocab,
+            hp.n_layer, hp.n_rot, self.token_embd.index, self.output.index,
+            self.output_norm.offset, act_need([self.output.type]), hp.norm_rms_eps, kq_scale,
+            q_scale, self.embd_scale(), self.logit_softcap(),
+        )  # fmt: skip
+        self.model_row = m
+        self.rope_arr = np.stack([self.rope.packed(), self.rope_swa.packed()])
+        self.freqs_arr = (
+            np.zeros(0, np.float32)
+            if self.rope_freqs is None
+            else np.ascontiguousarray(self.rope_freqs, np.float32)
+        )
+
+    @property
+    def rope_layers(self) -> list[RopeParams]:
+        """The rope of each layer (what a K-shift re-ropes the layer's keys with; a NoPE
+        layer's keys are not moved)."""
+        return [
+            (self.rope_swa if s else self.rope) if self.layer_rope(il) else None
+            for il, s in enumerate(self.layer_swa)
+        ]
+
+    def use_all_kernels(self) -> None:
+        """Link every format's matmul kernel into the compiled forward pass (one compiled
+        forward for all models, instead of one per set of weight formats)."""
+        self.fmask = format_mask(formats.SUPPORTED_TYPES)
+
+    # ------------------------------------------------------------------ running
+    def workspace(self, n_tokens: int, n_threads: int) -> Workspace:
+        return Workspace(self.hparams, n_tokens, n_threads)
+
+    def forward(
+        self, ws: Workspace, ub: UBatchArrays, kv_arrays: tuple, mode: int, n_threads: int
+    ) -> np.ndarray:
+        """Run one ubatch; returns the logits ``[n_out, n_vocab]`` (a view into ``ws``)."""
+        n_out = len(ub.out_idx)
+        ws.ensure_outputs(n_out)
+        info = np.array([len(ub.tokens), ub.n_kv, mode, n_out], np.int64)
+        st = self.store
+        W, WD, NF = st.arrays_unchecked()
+        mask_swa = ub.mask if ub.mask_swa is None else ub.mask_swa
+        args = (
+            self.fmask,
+            n_threads,
+            self.model_row,
+            self.layer_table,
+            (W, WD, NF, self.rope_arr, self.rope_factors(int(kv_arrays[2][3]))),
+            (ub.tokens, ub.pos, ub.cells, ub.mask, mask_swa, ub.out_idx, info),
+            kv_arrays,
+            ws.scratch(),
+            ws.state,
+            ws.barrier,
+        )
+        if st.pending:  # first call: load the machine code while the weights are copied
+            preload(self.forward_kernel, args)
+        st.wait()  # (raises if the copy failed)
+        self.forward_kernel(*args)
+        return ws.logits[:n_out, : self.hparams.n_vocab]
+
+
+def _read(decls, mf: GGUFModelFile, store: WeightStore, source: TensorSource, hp, i):
+    """The fields of the global tensors (``i`` None) or of layer ``i``: matrices and vectors
+    registered with the store (fused tensors split by rows), raw arrays read."""
+    out: dict[str, Any] = {}
+    for d in decls:
+        if d.per_layer != (i is not None) or not isinstance(d, Fused):
+            continue
+        name = d.name.format(i=i)
+        if mf.has_tensor(name):
+            info = mf.tensor(name)
+            parts = [next(t for t in decls if isinstance(t, Tensor) and t.field == f)
+                     for f in d.into]  # fmt: skip
+            r0 = 0
+            for f, t in zip(d.into, parts, strict=True):
+                n = shape_of(hp, t)[1]
+                out[f] = store.matrix(row_slice(info, r0, n))
+                r0 += n
+    for d in decls:
+        if d.per_layer != (i is not None) or not isinstance(d, Tensor) or d.field in out:
+            continue
+        name = d.name.format(i=i)
+        if not mf.has_tensor(name):
+            out[d.field] = None
+            continue
+        info = mf.tensor(name)
+        if d.raw:
+            out[d.field] = _raw_f32(source, info, shape_of(hp, d))
+        elif len(d.shape) == 1:
+            out[d.field] = store.vector(info)
+        else:
+            out[d.field] = store.matrix(info)
+    return out
+
+
+def _raw_f32(source: TensorSource, info: TensorInfo, shape: tuple[int, ...]) -> np.ndarray:
+    if info.type != GGMLType.F32 or info.shape != shape:
+        raise ModelError(f"tensor {info.name!r} must be F32 of {shape[0]} elements")
+    return np.array(source.raw(info).view(np.float32))
+
+
+class Workspace:
+    """Scratch buffers of one context (sized for ``n_tokens`` per ubatch, grown on demand for
+    outputs). Zero-filled lazily by the OS: untouched pages cost no memory."""
+
+    def __init__(self, hp: HParams, n_tokens: int, n_threads: int) -> None:
+        e, f, d = hp.n_embd, hp.n_ff, hp.n_embd_head_k
+        qd, kvd = hp.n_head * d, hp.n_head_kv * d
+        kmax = max(e, f, qd)
+        z = lazy_zeros
+        self.n_tokens, self.n_threads = n_tokens, n_threads
+        self.x = z((n_tokens, e), np.float32)
+        self.xn = z((n_tokens, kmax), np.float32)
+        self.q = z((n_tokens, qd), np.float32)
+        self.k = z((n_tokens, _pad16(kvd)), np.float32)
+        self.v = z((n_tokens, _pad16(kvd)), np.float32)
+        self.att = z((n_tokens, qd), np.float32)
+        self.g = z((n_tokens, _pad16(f)), np.float32)
+        self.u = z((n_tokens, _pad16(f)), np.float32)
+        self.acts = new_acts(n_tokens, kmax)
+        self.acts_private = new_acts(n_threads, kmax)
+        self.x_private = z((n_threads, kmax), np.float32)
+        self.logits = z((1, _pad16(hp.n_vocab)), np.float32)
+        nt, n_head, tile = n_threads, hp.n_head, TILE
+        self.thread = (
+            z((nt, max(2, hp.n_rot)), np.float32),  # rope cache
+            z((nt, d), np.float32),  # query in the K dot type
+            z((nt, d), np.int32),  # query quantized (q8_0 K cache)
+            z((nt, d), np.float32),  # V row
+            z((nt, d), np.float32),  # accumulator
+            z((nt, d, tile), np.float32),  # K tile (transposed)
+            z((nt, tile, d), np.float32),  # V tile
+            z((nt, 2 * tile), np.float32),  # tile scores of two query rows
+            z((nt, 128 * (n_head // hp.n_head_kv)), np.float32),  # softmax states of a block
+            z((n_head, nt), np.float32),  # split partials: M
+            z((n_head, nt), np.float32),  # S
+            z((n_head, nt, d), np.float32),  # VKQ
+            z((nt, d), np.float32),  # merge scratch
+        )
+        self.barrier = new_barrier()
+        self.state = np.zeros(n_threads, stages.STATE_DTYPE)
+        self.prof = z((n_threads, 16), np.int64)  # cycles per stage, see stages.P_*
+
+    def ensure_outputs(self, n_out: int) -> None:
+        if self.logits.shape[0] < n_out:
+            self.logits = np.zeros((n_out, self.logits.shape[1]), np.float32)
+
+    def scratch(self) -> tuple:
+        return (
+            self.x,
+            self.xn,
+            self.q,
+            self.k,
+            self.v,
+            self.att,
+            self.g,
+            self.u,
+            self.acts,
+            self.acts_private,
+            self.x_private,
+            self.logits,
+            self.thread,
+            self.prof,
+        )
+
+
+def _pad16(n: int) -> int:
+    return -(-n // 16) * 16

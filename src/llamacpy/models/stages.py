@@ -1,0 +1,469 @@
+"""The named stages a decoder block is made of, as compiled kernels.
+
+An architecture lists its block as stage names (``llama.py``: ``attn_norm``, ``qkv``,
+``rope``, ``kv_store``, ``attention``, ``out_proj``, ``out_rows``, ``ffn_norm``,
+``ffn_swiglu``, ``ffn_down``); :mod:`.compose` writes them, in that order, into the
+architecture's compiled per-ubatch forward. Every stage is inlined there, so the whole
+network still runs in one parallel region of ``n_threads`` workers that meet at a spin
+barrier between dependent stages.
+
+A stage is ``clk = stage(c, L, clk)``: ``c`` is the worker's :class:`Ctx` (the ubatch, the
+weights, the KV cache, scratch buffers, this thread's id), ``L`` the layer's row of the
+layer table (:data:`LAYER_DTYPE`: matrix indices, vector offsets, activation kinds, flags),
+``clk`` the profile clock (cycles per stage, see ``P_*``).
+
+Work is split by output row groups for matmuls (each thread streams its share of every
+weight once, for all tokens), by tokens for norms / rope / quantization, by (token, head)
+for attention. A single-row ubatch (decode) skips the token-split stages: every thread
+normalizes and quantizes the one activation row itself into a private buffer (row ``tid``
+of ``XP`` / ``AP``), which saves a barrier per norm.
+"""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+import numpy as np
+from numba import njit
+
+from ..ops.activations import geglu, swiglu
+from ..ops.attention import (
+    attention_rows,
+    attention_split_merge,
+    attention_split_partial,
+    attention_tiled,
+    store_row,
+)
+from ..ops.dequant import get_row
+from ..ops.matmul import matmul_sel, prepare_acts
+from ..ops.norm import head_rms_norm, rms_norm
+from ..ops.rope import rope_apply, rope_cache
+from ..ops.threads import barrier, split, tick, timed_barrier
+
+MODE_ROWS, MODE_TILED, MODE_SPLIT = 0, 1, 2  # attention kernels (see engine.context)
+# profile slots (cycles per thread, see Workspace.prof)
+P_EMBD, P_NORM, P_QKV, P_ROPE, P_ATTN, P_OUT_PROJ, P_FFN_UP, P_FFN_DOWN, P_HEAD = range(9)
+
+NONE = -1  # a matrix index / vector offset of a tensor the layer does not have
+# One row per layer. Matrices: index into the weight store; vectors: offset into its float
+# buffer; need_*: activation kinds the matrices reading that input consume
+# (ops.matmul.act_need); swa: sliding-window layer; rope: keys and queries are rotated;
+# index: the layer's number; last: 1 in the last layer.
+LAYER_DTYPE = np.dtype(
+    [
+        (name, np.int64)
+        for name in (
+            "attn_q",
+            "attn_k",
+            "attn_v",
+            "attn_output",
+            "ffn_gate",
+            "ffn_up",
+            "ffn_down",
+            "attn_norm",
+            "ffn_norm",
+            "attn_q_norm",
+            "attn_k_norm",
+            "post_attention_norm",
+            "post_ffw_norm",
+            "attn_q_bias",
+            "attn_k_bias",
+            "attn_v_bias",
+            "need_qkv",
+            "need_out",
+            "need_ffn",
+            "need_down",
+            "swa",
+            "rope",
+            "index",
+            "last",
+        )
+    ]
+)
+# The model's one row: sizes, global tensors, float settings.
+MODEL_DTYPE = np.dtype(
+    [
+        ("n_embd", np.int64),
+        ("n_head", np.int64),
+        ("n_head_kv", np.int64),
+        ("head_dim", np.int64),
+        ("n_ff", np.int64),
+        ("n_vocab", np.int64),
+        ("n_layer", np.int64),
+        ("n_rot", np.int64),
+        ("token_embd", np.int64),
+        ("output", np.int64),
+        ("output_norm", np.int64),
+        ("need_output", np.int64),
+        ("eps", np.float32),
+        ("kq_scale", np.float32),  # scale of the K.Q scores
+        ("q_scale", np.float32),  # scale of the roped queries (gemma3, phi3)
+        ("embd_scale", np.float32),  # token embeddings are multiplied by this
+        ("softcap", np.float32),  # logits -> c * tanh(logits / c) when c > 0
+    ]
+)
+# Per worker: rows the stages work on (the last layer's FFN runs on the output rows only)
+STATE_DTYPE = np.dtype([("n_rows", np.int64), ("gathered", np.int64)] + [
+    (f"_pad{i}", np.int64) for i in range(6)  # one cache line per worker
+])  # fmt: skip
+
+# What a worker's stages read. Buffers: X [n, n_embd] hidden state; XN norm / scratch rows;
+# Q, KN, VN projections; ATT attention output; G, U gate / up; A, AP activation buffers
+# (shared, private per thread); XP private rows; LOG logits; TS per-thread attention
+# scratch; prof cycles per stage.
+Ctx = namedtuple(
+    "Ctx",
+    "fmask tid nth M W WD NF RP FF tokens pos cells mask mask_swa out_idx n_tok n_kv mode "
+    "n_out KC VC k_type v_type rowb hstride X XN Q KN VN ATT G U A AP XP LOG TS prof bar st",
+)
+
+
+@njit(cache=True, inline="always")
+def context(fmask, tid, nth, MA, WT, UB, KV, S, STATE, bar):
+    """The worker's :class:`Ctx` (see :mod:`.compose` for the argument groups)."""
+    W, WD, NF, RP, FF = WT
+    tokens, pos, cells, mask, mask_swa, out_idx, ui = UB
+    KC, VC, kvi = KV
+    X, XN, Q, KN, VN, ATT, G, U, A, AP, XP, LOG, TS, prof = S
+    rowb, n_ctx = kvi[2], kvi[3]
+    st = STATE[tid]
+    st.n_rows = ui[0]
+    st.gathered = 0
+    return Ctx(
+        fmask, tid, nth, MA[0], W, WD, NF, RP, FF, tokens, pos, cells, mask, mask_swa,
+        out_idx, ui[0], ui[1], ui[2], ui[3], KC, VC, kvi[0], kvi[1], rowb,
+        n_ctx * rowb,  # bytes between the KV heads of a layer in the flat caches
+        X, XN, Q, KN, VN, ATT, G, U, A, AP, XP, LOG, TS, prof, bar, st,
+    )  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- helpers
+@njit(cache=True, inline="always")
+def _sync(c, clk):
+    return timed_barrier(c.bar, c.nth, c.prof, c.tid, clk)
+
+
+@njit(cache=True, inline="always")
+def _acts(c):
+    """(first row, end row, activation buffers) a matmul reads: this thread's private row
+    in a single-row ubatch, else all rows of the shared buffers."""
+    if c.st.n_rows == 1:
+        return c.tid, c.tid + 1, c.AP
+    return 0, c.st.n_rows, c.A
+
+
+@njit(cache=True, inline="always")
+def _mm(c, wi, out, add):
+    """This thread's share of the row groups of matrix ``wi``: ``out (+)= W . act``."""
+    ta, tb, AA = _acts(c)
+    g0, g1 = split((c.WD[wi, 2] + 15) // 16, c.tid, c.nth)
+    matmul_sel(c.fmask, c.W, c.WD[wi], AA, ta, tb, g0, g1, out, 0, add)
+
+
+@njit(cache=True, inline="always")
+def _norm_in(c, src, off, need, clk):
+    """``rms_norm(src rows) * NF[off:]`` quantized for the matmuls that read it (``need``);
+    a single row is normalized by every thread into its private row (no barrier)."""
+    n_embd, tid = c.M.n_embd, c.tid
+    w = c.NF[off : off + n_embd]
+    if c.st.n_rows == 1:
+        c.XP[tid, :n_embd] = src[0, :n_embd]
+        rms_norm(c.XP, tid, tid + 1, n_embd, w, c.M.eps, c.XP)
+        prepare_acts(c.XP, tid, tid + 1, n_embd, need, c.AP)
+        return tick(c.prof, tid, P_NORM, clk)
+    t0, t1 = split(c.st.n_rows, tid, c.nth)
+    rms_norm(src, t0, t1, n_embd, w, c.M.eps, c.XN)
+    prepare_acts(c.XN, t0, t1, n_embd, need, c.A)
+    return _sync(c, tick(c.prof, tid, P_NORM, clk))
+
+
+@njit(cache=True, inline="always")
+def _quantize_in(c, src, k, need, slot, clk):
+    """Rows of ``src[:, :k]`` quantized for the next matmul (private in a single row)."""
+    tid = c.tid
+    if c.st.n_rows == 1:
+        c.XP[tid, :k] = src[0, :k]
+        prepare_acts(c.XP, tid, tid + 1, k, need, c.AP)
+        return clk
+    t0, t1 = split(c.st.n_rows, tid, c.nth)
+    prepare_acts(src, t0, t1, k, need, c.A)
+    return _sync(c, tick(c.prof, tid, slot, clk))
+
+
+@njit(cache=True, inline="always")
+def _proj_residual(c, wi, post, slot, clk):
+    """``X += W_wi . act`` -- or, with a post-norm at ``NF[post]``, ``X += rms_norm(W_wi .
+    act) * post`` through the scratch rows ``XN`` (two more barriers)."""
+    if post < 0:
+        _mm(c, wi, c.X, True)
+        return _sync(c, tick(c.prof, c.tid, slot, clk))
+    _mm(c, wi, c.XN, False)
+    clk = _sync(c, tick(c.prof, c.tid, slot, clk))
+    n_embd = c.M.n_embd
+    t0, t1 = split(c.st.n_rows, c.tid, c.nth)
+    rms_norm(c.XN, t0, t1, n_embd, c.NF[post : post + n_embd], c.M.eps, c.XN)
+    for t in range(t0, t1):
+        for i in range(n_embd):
+            c.X[t, i] += c.XN[t, i]
+    return _sync(c, tick(c.prof, c.tid, P_NORM, clk))
+
+
+@njit(cache=True, inline="always")
+def _token_rows(c):
+    return split(c.st.n_rows, c.tid, c.nth)
+
+
+# ----------------------------------------------------------------------------- stages
+@njit(cache=True, inline="always")
+def embed(c, clk):
+    """``X[t] = token_embd[token t] * embd_scale`` (rows dequantized from the repacked table)."""
+    M = c.M
+    emb, n_embd = M.token_embd, M.n_embd
+    t0, t1 = _token_rows(c)
+    for t in range(t0, t1):
+        get_row(c.W, c.WD[emb, 1], c.WD[emb, 0], n_embd, c.tokens[t], c.X[t])
+        if M.embd_scale != 1.0:
+            for i in range(n_embd):
+                c.X[t, i] *= M.embd_scale
+    return _sync(c, tick(c.prof, c.tid, P_EMBD, clk))
+
+
+@njit(cache=True, inline="always")
+def attn_norm(c, L, clk):
+    """``h = rms_norm(x) * attn_norm``, quantized for q/k/v."""
+    return _norm_in(c, c.X, L.attn_norm, L.need_qkv, clk)
+
+
+@njit(cache=True, inline="always")
+def qkv(c, L, clk):
+    """``q, k, v = h . attn_q, h . attn_k, h . attn_v``."""
+    _mm(c, L.attn_q, c.Q, False)
+    _mm(c, L.attn_k, c.KN, False)
+    _mm(c, L.attn_v, c.VN, False)
+    return _sync(c, tick(c.prof, c.tid, P_QKV, clk))
+
+
+@njit(cache=True, inline="always")
+def qkv_bias(c, L, clk):
+    """``q += attn_q.bias`` (k, v likewise) for the biases the layer has."""
+    M = c.M
+    qd, kvd = M.n_head * M.head_dim, M.n_head_kv * M.head_dim
+    qb, kb, vb = L.attn_q_bias, L.attn_k_bias, L.attn_v_bias
+    t0, t1 = _token_rows(c)
+    for t in range(t0, t1):
+        if qb >= 0:
+            for i in range(qd):
+                c.Q[t, i] += c.NF[qb + i]
+        if kb >= 0:
+            for i in range(kvd):
+                c.KN[t, i] += c.NF[kb + i]
+        if vb >= 0:
+            for i in range(kvd):
+                c.VN[t, i] += c.NF[vb + i]
+    return clk
+
+
+@njit(cache=True, inline="always")
+def qk_norm(c, L, clk):
+    """Per-head ``rms_norm(q_h) * attn_q_norm``, ``rms_norm(k_h) * attn_k_norm``."""
+    M = c.M
+    hd, qn, kn = M.head_dim, L.attn_q_norm, L.attn_k_norm
+    t0, t1 = _token_rows(c)
+    for t in range(t0, t1):
+        head_rms_norm(c.Q, t, M.n_head, hd, c.NF[qn : qn + hd], M.eps)
+        head_rms_norm(c.KN, t, M.n_head_kv, hd, c.NF[kn : kn + hd], M.eps)
+    return clk
+
+
+@njit(cache=True, inline="always")
+def rope(c, L, clk):
+    """Rotate q and k by their positions (the layer's rope: global or sliding-window row
+    of ``RP``); layers with ``L.rope == 0`` (NoPE) are left as they are."""
+    if L.rope == 0:
+        return clk
+    M = c.M
+    rp = c.RP[L.swa]
+    rc = c.TS[0][c.tid]
+    neox = rp[7] != 0
+    t0, t1 = _token_rows(c)
+    for t in range(t0, t1):
+        rope_cache(c.pos[t], rp, c.FF, rc)
+        rope_apply(c.Q, t, 0, M.n_head, M.head_dim, rc, M.n_rot, neox)
+        rope_apply(c.KN, t, 0, M.n_head_kv, M.head_dim, rc, M.n_rot, neox)
+    return clk
+
+
+@njit(cache=True, inline="always")
+def scale_q(c, L, clk):
+    """``q *= q_scale`` (gemma3, phi3: queries are scaled after rope, the scores are not)."""
+    qd = c.M.n_head * c.M.head_dim
+    t0, t1 = _token_rows(c)
+    for t in range(t0, t1):
+        for i in range(qd):
+            c.Q[t, i] *= c.M.q_scale
+    return clk
+
+
+@njit(cache=True, inline="always")
+def kv_store(c, L, clk):
+    """Write k and v of each token into its cache cell (in the cache's type)."""
+    M = c.M
+    hd, base = M.head_dim, _layer_base(c, L)
+    t0, t1 = _token_rows(c)
+    for t in range(t0, t1):
+        for h in range(M.n_head_kv):
+            o = base + h * c.hstride + c.cells[t] * c.rowb
+            store_row(c.KN[t], h * hd, hd, c.k_type, c.KC, o)
+            store_row(c.VN[t], h * hd, hd, c.v_type, c.VC, o)
+    return _sync(c, tick(c.prof, c.tid, P_ROPE, clk))
+
+
+@njit(cache=True, inline="always")
+def _layer_base(c, L):
+    """Byte offset of the layer's first head in the flat caches."""
+    return L.index * c.M.n_head_kv * c.hstride
+
+
+@njit(cache=True, inline="always")
+def attention(c, L, clk):
+    """``att = softmax(q . K^T * kq_scale + mask) . V`` over the cached cells the layer may
+    see (the sliding-window mask in SWA layers)."""
+    M = c.M
+    lmask = c.mask_swa if L.swa != 0 else c.mask
+    gqa = M.n_head // M.n_head_kv
+    _attention(c, _layer_base(c, L), lmask, gqa)
+    return _sync(c, tick(c.prof, c.tid, P_ATTN, clk))
+
+
+@njit(cache=True, inline="always")
+def out_proj(c, L, clk):
+    """``x += att . attn_output``."""
+    clk = _quantize_in(c, c.ATT, c.M.n_head * c.M.head_dim, L.need_out, P_OUT_PROJ, clk)
+    return _proj_residual(c, L.attn_output, NONE, P_OUT_PROJ, clk)
+
+
+@njit(cache=True, inline="always")
+def out_proj_post_norm(c, L, clk):
+    """``x += rms_norm(att . attn_output) * post_attention_norm``."""
+    clk = _quantize_in(c, c.ATT, c.M.n_head * c.M.head_dim, L.need_out, P_OUT_PROJ, clk)
+    return _proj_residual(c, L.attn_output, L.post_attention_norm, P_OUT_PROJ, clk)
+
+
+@njit(cache=True, inline="always")
+def out_rows(c, L, clk):
+    """In the last layer only the rows whose logits are wanted go on, gathered to the front
+    of ``X`` (llama.cpp's ``inp_out_ids``), so that the FFN's matmuls see as many rows as
+    llama.cpp's (their numerics depend on the count)."""
+    n_out, n_embd = c.n_out, c.M.n_embd
+    if L.last == 0 or not 0 < n_out < c.n_tok:
+        return clk
+    if c.tid == 0:
+        for i in range(n_out):
+            c.X[i, :n_embd] = c.X[c.out_idx[i], :n_embd]
+    c.st.n_rows = n_out
+    c.st.gathered = 1
+    return _sync(c, clk)
+
+
+@njit(cache=True, inline="always")
+def ffn_norm(c, L, clk):
+    """``h = rms_norm(x) * ffn_norm``, quantized for gate/up."""
+    return _norm_in(c, c.X, L.ffn_norm, L.need_ffn, clk)
+
+
+@njit(cache=True, inline="always")
+def _gate_up(c, L, act, clk):
+    """``g = act(h . ffn_gate) * (h . ffn_up)`` (act 0: SiLU, 1: GELU), quantized for down."""
+    n_ff = c.M.n_ff
+    n = c.st.n_rows
+    ta, tb, AA = _acts(c)
+    g0, g1 = split((n_ff + 15) // 16, c.tid, c.nth)
+    matmul_sel(c.fmask, c.W, c.WD[L.ffn_gate], AA, ta, tb, g0, g1, c.G, 0, False)
+    matmul_sel(c.fmask, c.W, c.WD[L.ffn_up], AA, ta, tb, g0, g1, c.U, 0, False)
+    if act == 1:
+        geglu(c.G, c.U, 0, n, 16 * g0, min(16 * g1, n_ff), c.G)
+    else:
+        swiglu(c.G, c.U, 0, n, 16 * g0, min(16 * g1, n_ff), c.G)
+    clk = _sync(c, tick(c.prof, c.tid, P_FFN_UP, clk))
+    return _quantize_in(c, c.G, n_ff, L.need_down, P_FFN_DOWN, clk)
+
+
+@njit(cache=True, inline="always")
+def ffn_swiglu(c, L, clk):
+    """``g = silu(h . ffn_gate) * (h . ffn_up)``."""
+    return _gate_up(c, L, 0, clk)
+
+
+@njit(cache=True, inline="always")
+def ffn_geglu(c, L, clk):
+    """``g = gelu(h . ffn_gate) * (h . ffn_up)`` (tanh approximation, as ggml's)."""
+    return _gate_up(c, L, 1, clk)
+
+
+@njit(cache=True, inline="always")
+def ffn_down(c, L, clk):
+    """``x += g . ffn_down``."""
+    return _proj_residual(c, L.ffn_down, NONE, P_FFN_DOWN, clk)
+
+
+@njit(cache=True, inline="always")
+def ffn_down_post_norm(c, L, clk):
+    """``x += rms_norm(g . ffn_down) * post_ffw_norm``."""
+    return _proj_residual(c, L.ffn_down, L.post_ffw_norm, P_FFN_DOWN, clk)
+
+
+@njit(cache=True, inline="always")
+def head(c, clk):
+    """Logits of the output rows: ``rms_norm(x) * output_norm . output`` (soft-capped)."""
+    M = c.M
+    n_out, n_embd, tid = c.n_out, M.n_embd, c.tid
+    if n_out == 0:
+        return clk
+    gathered = c.st.gathered != 0
+    onorm = c.NF[M.output_norm : M.output_norm + n_embd]
+    if n_out == 1:
+        c.XP[tid, :n_embd] = c.X[0 if gathered else c.out_idx[0], :n_embd]
+        rms_norm(c.XP, tid, tid + 1, n_embd, onorm, M.eps, c.XP)
+        prepare_acts(c.XP, tid, tid + 1, n_embd, M.need_output, c.AP)
+        ha, hb, AH = tid, tid + 1, c.AP
+    else:
+        o0, o1 = split(n_out, tid, c.nth)
+        for i in range(o0, o1):
+            c.XN[i, :n_embd] = c.X[i if gathered else c.out_idx[i], :n_embd]
+        rms_norm(c.XN, o0, o1, n_embd, onorm, M.eps, c.XN)
+        prepare_acts(c.XN, o0, o1, n_embd, M.need_output, c.A)
+        clk = _sync(c, tick(c.prof, tid, P_HEAD, clk))
+        ha, hb, AH = 0, n_out, c.A
+    g0, g1 = split((c.WD[M.output, 2] + 15) // 16, tid, c.nth)
+    matmul_sel(c.fmask, c.W, c.WD[M.output], AH, ha, hb, g0, g1, c.LOG, 0, False)
+    if M.softcap != 0.0:  # each thread caps the row groups it wrote
+        for i in range(n_out):
+            for j in range(16 * g0, min(16 * g1, M.n_vocab)):
+                c.LOG[i, j] = np.tanh(c.LOG[i, j] * (np.float32(1.0) / M.softcap)) * M.softcap
+    return tick(c.prof, tid, P_HEAD, clk)
+
+
+@njit(cache=True, inline="always")
+def _attention(c, lbase, mask, gqa):
+    M = c.M
+    tid, nth = c.tid, c.nth
+    _rc, qv, qq, vbuf, res, kt, vt, pt, st, pm, ps, pv, tmp = c.TS
+    hd, kq = M.head_dim, M.kq_scale
+    if c.mode == MODE_SPLIT:  # decode over a long cache: one chunk of cells per thread
+        attention_split_partial(
+            tid, nth, c.n_kv, M.n_head, gqa, hd, kq, c.k_type, c.v_type, c.rowb, c.Q, c.KC,
+            c.VC, lbase, c.hstride, mask, qv[tid], qq[tid], vbuf[tid], res[tid], pm, ps, pv,
+        )  # fmt: skip
+        barrier(c.bar, nth)
+        attention_split_merge(tid, nth, M.n_head, hd, pm, ps, pv, c.ATT, tmp[tid])
+    elif c.mode == MODE_ROWS:
+        attention_rows(
+            tid, nth, c.n_tok, c.n_kv, M.n_head, gqa, hd, kq, c.k_type, c.v_type, c.rowb,
+            c.Q, c.KC, c.VC, lbase, c.hstride, mask, c.ATT, qv[tid], qq[tid], vbuf[tid],
+            res[tid],
+        )  # fmt: skip
+    else:
+        attention_tiled(
+            tid, nth, c.n_tok, c.n_kv, M.n_head, gqa, hd, kq, c.k_type, c.rowb, c.Q, c.KC,
+            c.VC, lbase, c.hstride, mask, c.ATT, kt[tid], vt[tid], pt[tid], st[tid],
+        )  # fmt: skip
