@@ -7,7 +7,7 @@ llama.cpp loads it too. ``arch`` picks a variant of the same decoder: ``qwen2`` 
 biases), ``qwen3`` (per-head Q/K norms, head size 32 != n_embd/n_head), ``phi3`` (fused
 ``attn_qkv`` and gate|up ``ffn_up``, ``rope_factors_long/short`` and a rope attention
 factor), ``gemma3`` (Q/K norms, post-norms, layers alternating sliding-window and global
-attention, window 4); ``sliding_window`` adds ``{arch}.attention.sliding_window``
+attention, window 4), ``smollm3`` (4 layers: the fourth without rope); ``sliding_window`` adds ``{arch}.attention.sliding_window``
 (mistral-style files). ``write_tiny_bert`` writes a tiny random ``bert`` encoder.
 Only numpy and the GGUF writer are used: the file is byte-identical for a given seed, type,
 arch and numpy version.
@@ -37,7 +37,7 @@ _SCALES: dict[GGMLType, tuple[tuple[int, float], ...]] = {
     GGMLType.Q6_K: ((208, 0.00022),),
     GGMLType.IQ4_XS: ((0, 0.00003),),
 }
-TINY_ARCHS = ("llama", "qwen2", "qwen3", "phi3", "gemma3")
+TINY_ARCHS = ("llama", "qwen2", "qwen3", "phi3", "gemma3", "smollm3")
 # Cases compared with llama.cpp's logits and greedy text (tests/test_architectures.py,
 # fixtures from scripts/make_arch_fixtures.py): name -> (arch, builder options, n_ctx)
 LLAMA_CPP_CASES: dict[str, tuple[str, dict, int]] = {
@@ -46,6 +46,7 @@ LLAMA_CPP_CASES: dict[str, tuple[str, dict, int]] = {
     "phi3": ("phi3", {}, 256),  # short rope factors
     "phi3_long": ("phi3", {}, 512),  # long rope factors (context above the original 256)
     "llama_swa": ("llama", {"sliding_window": 4}, 64),  # the key is ignored for llama
+    "smollm3": ("smollm3", {}, 64),
 }
 PHI3_ORIG_CTX = 256  # phi3: rope.scaling.original_context_length (long factors above it)
 PHI3_N_CTX = 1024  # phi3: context_length
@@ -104,7 +105,7 @@ def write_tiny_llama(
     """
     if arch not in TINY_ARCHS:
         raise ValueError(f"tiny models exist for {', '.join(TINY_ARCHS)}, not {arch!r}")
-    own = {"phi3": {"n_ctx": PHI3_N_CTX}}.get(arch, {})
+    own = {"phi3": {"n_ctx": PHI3_N_CTX}, "smollm3": {"n_layer": 4}}.get(arch, {})
     s = {**TINY_SHAPE, **own, **shape}
     e, f, v = s["n_embd"], s["n_ff"], s["n_vocab"]
     hd = 32 if arch == "qwen3" else e // s["n_head"]
