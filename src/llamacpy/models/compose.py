@@ -96,14 +96,19 @@ def source(block: tuple[str, ...]) -> str:
     return _TEMPLATE.format(names=", ".join(block), imports=", ".join(uniq), calls=calls)
 
 
-def _directory() -> Path:
-    """Where generated modules live: next to the package's compiled kernels when it is
-    writable, else in the user's cache."""
-    for d in (
+def _directories() -> tuple[Path, ...]:
+    """Where generated modules live, by preference: next to the package's compiled kernels,
+    the user's cache, the temporary directory."""
+    return (
         Path(__file__).resolve().parent / "__pycache__" / "forwards",
         Path(os.path.expanduser("~")) / ".cache" / "llamacpy" / "forwards",
         Path(tempfile.gettempdir()) / f"llamacpy-forwards-{os.getuid()}",
-    ):
+    )
+
+
+def _directory() -> Path:
+    """The first writable directory of :func:`_directories`."""
+    for d in _directories():
         try:
             d.mkdir(parents=True, exist_ok=True)
             probe = d / ".probe"
@@ -123,13 +128,14 @@ def compiled_forward(block: tuple[str, ...]):
     text = source(block)
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
     name = f"forward_{digest}"
-    d = _directory()
-    path = d / f"{name}.py"
-    if not path.exists() or path.read_text() != text:
+    # a file already written (its name is its content's hash) is used as is: no probe, no write
+    path = next((p for d in _directories() if (p := d / f"{name}.py").is_file()), None)
+    if path is None:
+        path = _directory() / f"{name}.py"
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(text)
-        os.replace(tmp, path)  # atomic: a concurrent start sees the old or the new file
-    kernel_cache.add_kernel_dir(d)
+        os.replace(tmp, path)  # atomic: a concurrent start sees no file or the whole file
+    kernel_cache.add_kernel_dir(path.parent)
     modname = f"llamacpy_{name}"
     module = sys.modules.get(modname)
     if module is None:

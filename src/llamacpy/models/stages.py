@@ -103,8 +103,8 @@ MODEL_DTYPE = np.dtype(
     ]
 )
 # Per worker: rows the stages work on (the last layer's FFN runs on the output rows only)
-STATE_DTYPE = np.dtype([("n_rows", np.int64), ("gathered", np.int64)] + [
-    (f"_pad{i}", np.int64) for i in range(6)  # one cache line per worker
+STATE_DTYPE = np.dtype([("n_rows", np.int64)] + [
+    (f"_pad{i}", np.int64) for i in range(7)  # one cache line per worker
 ])  # fmt: skip
 
 # What a worker's stages read. Buffers: X [n, n_embd] hidden state; XN norm / scratch rows;
@@ -128,7 +128,6 @@ def context(fmask, tid, nth, MA, WT, UB, KV, S, STATE, bar):
     rowb, n_ctx = kvi[2], kvi[3]
     st = STATE[tid]
     st.n_rows = ui[0]
-    st.gathered = 0
     return Ctx(
         fmask, tid, nth, MA[0], W, WD, NF, RP, FF, tokens, pos, cells, mask, mask_swa,
         out_idx, ui[0], ui[1], ui[2], ui[3], KC, VC, kvi[0], kvi[1], rowb,
@@ -361,7 +360,6 @@ def out_rows(c, L, clk):
         for i in range(n_out):
             c.X[i, :n_embd] = c.X[c.out_idx[i], :n_embd]
     c.st.n_rows = n_out
-    c.st.gathered = 1
     return _sync(c, clk)
 
 
@@ -419,7 +417,7 @@ def head(c, clk):
     n_out, n_embd, tid = c.n_out, M.n_embd, c.tid
     if n_out == 0:
         return clk
-    gathered = c.st.gathered != 0
+    gathered = c.st.n_rows != c.n_tok  # out_rows moved the output rows to the front
     onorm = c.NF[M.output_norm : M.output_norm + n_embd]
     if n_out == 1:
         c.XP[tid, :n_embd] = c.X[0 if gathered else c.out_idx[0], :n_embd]
