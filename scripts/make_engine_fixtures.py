@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from llamacpy.gguf import GGMLType  # noqa: E402
 from llamacpy.models.tiny import write_tiny_llama  # noqa: E402
-from llamacpy.ops.formats import SUPPORTED_TYPES  # noqa: E402
+from llamacpy.ops.traits import supported_types  # noqa: E402
 
 FIX = ROOT / "tests" / "fixtures" / "engine"
 SMOLLM2 = Path.home() / ".cache" / "llamacpy" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -69,7 +69,7 @@ TINY_ROPES = ("linear", "yarn", "llama3")  # rope variants, on Q8_0 models
 
 def make_tiny(py: str) -> None:
     out: dict[str, np.ndarray] = {"tokens": np.array(TINY_TOKENS, np.int32)}
-    cases = [(t.name, t, "none") for t in SUPPORTED_TYPES]
+    cases = [(t.name, t, "none") for t in supported_types()]
     cases += [(f"rope_{r}", GGMLType.Q8_0, r) for r in TINY_ROPES]
     with tempfile.TemporaryDirectory() as tmp:
         for name, t, rope in cases:

@@ -17,7 +17,7 @@ from llamacpy.gguf import GGMLType
 from llamacpy.models.common import UBatchArrays
 from llamacpy.models.llama_reference import Reference
 from llamacpy.models.tiny import write_tiny_llama
-from llamacpy.ops import formats
+from llamacpy.ops import traits
 
 FIX = np.load(Path(__file__).parent / "fixtures" / "engine" / "tiny_logits.npz")
 TOKENS = FIX["tokens"].tolist()
@@ -44,7 +44,7 @@ def tiny(tiny_dir: Path, t: GGMLType, rope: str = "none") -> Path:
     return path
 
 
-@pytest.mark.parametrize("t", list(formats.SUPPORTED_TYPES), ids=lambda t: t.name)
+@pytest.mark.parametrize("t", list(traits.supported_types()), ids=lambda t: t.name)
 def test_every_format_matches_llama_cpp(tiny_dir: Path, t: GGMLType) -> None:
     path = tiny(tiny_dir, t)
     assert hashlib.sha256(path.read_bytes()).hexdigest() == str(FIX[f"{t.name}_sha256"])

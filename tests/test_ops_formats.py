@@ -10,9 +10,9 @@ import pytest
 from llamacpy.errors import ModelError
 from llamacpy.gguf import GGMLType
 from llamacpy.models.tiny import random_tensor
-from llamacpy.ops import dequant, formats
+from llamacpy.ops import dequant, formats, traits
 
-TYPES = list(formats.SUPPORTED_TYPES)
+TYPES = list(traits.supported_types())
 
 
 def _raw(t: GGMLType, nrows: int, ncols: int, seed: int = 0) -> np.ndarray:
@@ -20,7 +20,7 @@ def _raw(t: GGMLType, nrows: int, ncols: int, seed: int = 0) -> np.ndarray:
 
 
 def _ncols(t: GGMLType, n: int = 2) -> int:
-    return formats.LAYOUTS[t].qk * n if formats.LAYOUTS[t].qk > 16 else 48
+    return traits.get(t).layout.qk * n if traits.get(t).layout.qk > 16 else 48
 
 
 @pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
@@ -30,7 +30,7 @@ def test_repack_matches_numpy_twin(t: GGMLType, nrows: int) -> None:
     raw = np.random.default_rng(nrows).integers(
         0,
         256,
-        formats.LAYOUTS[t].src_bytes * nrows * ncols // formats.LAYOUTS[t].qk,
+        traits.get(t).layout.src_bytes * nrows * ncols // traits.get(t).layout.qk,
         dtype=np.uint8,
     )
     a = formats.repack(raw, t, nrows, ncols)

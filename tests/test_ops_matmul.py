@@ -9,10 +9,10 @@ import pytest
 
 from llamacpy.gguf import GGMLType
 from llamacpy.models.tiny import random_tensor
-from llamacpy.ops import formats, quantize_act
+from llamacpy.ops import formats, quantize_act, traits
 from llamacpy.ops import matmul as M
 
-TYPES = list(formats.SUPPORTED_TYPES)
+TYPES = list(traits.supported_types())
 ALL = M.FormatSet(TYPES)  # one compiled dispatcher for every test
 
 
@@ -50,7 +50,7 @@ def test_matmul_matches_numpy_twin(t: GGMLType) -> None:
     ids=lambda t: t.name,
 )
 def test_results_do_not_depend_on_batch_or_row_split(t: GGMLType) -> None:
-    nrows, ncols = 64, 768 if formats.LAYOUTS[t].qk == 256 else 96
+    nrows, ncols = 64, 768 if traits.get(t).layout.qk == 256 else 96
     packed, desc = _weights(t, nrows, ncols, seed=5)
     x = np.random.default_rng(2).standard_normal((6, ncols)).astype(np.float32)
     together = _run(packed, desc, x, 0, 6, 0, 4)

@@ -18,7 +18,7 @@ import numpy as np
 from ..errors import ModelError
 from ..gguf import GGUFModelFile
 from ..hparams import HParams
-from ..ops import formats
+from ..ops import traits
 from ..ops.attention import TILE
 from ..ops.gelu import GELU_TABLE, gelu
 from ..ops.matmul import act_need, format_mask, new_acts, prepare_acts
@@ -133,77 +133,16 @@ class BertModel:
     def load(
         cls, mf: GGUFModelFile, source: TensorSource, rope: RopeOverrides | None = None
     ) -> BertModel:
-        md = mf.metadata
-        a = "bert"
-
-        def key_int(name: str, default: int | None = None) -> int:
-            v = md.get(f"{a}.{name}", default)
-            if not isinstance(v, int | np.integer) or isinstance(v, bool) or v < 1:
-                raise ModelError(f"metadata key '{a}.{name}' must be a positive integer, got {v!r}")
-            return int(v)
-
-        n_embd = key_int("embedding_length")
-        n_head = key_int("attention.head_count")
-        n_layer = key_int("block_count")
-        n_ff = key_int("feed_forward_length")
-        n_ctx_train = key_int("context_length")
-        if md.get(f"{a}.attention.head_count_kv", n_head) != n_head:
-            raise ModelError(
-                f"bert needs head_count_kv == head_count (key {a}.attention.head_count_kv)"
-            )
-        if n_embd % n_head:
-            raise ModelError(
-                f"embedding_length ({n_embd}) is not a multiple of head_count ({n_head})"
-            )
-        eps = md.get(f"{a}.attention.layer_norm_epsilon")
-        if not isinstance(eps, float | int) or eps < 0:
-            raise ModelError(
-                f"metadata key '{a}.attention.layer_norm_epsilon' is missing or invalid"
-            )
-        pooling = md.get(f"{a}.pooling_type")
-        if not mf.has_tensor("token_embd.weight"):
-            raise ModelError("tensor 'token_embd.weight' is missing (required by bert)")
-        n_vocab = mf.tensor("token_embd.weight").shape[1]
-        d = n_embd // n_head
-        hp = HParams(
-            arch=a,
-            n_vocab=int(n_vocab),
-            n_ctx_train=n_ctx_train,
-            n_embd=n_embd,
-            n_layer=n_layer,
-            n_ff=n_ff,
-            n_head=n_head,
-            n_head_kv=n_head,
-            n_embd_head_k=d,
-            n_embd_head_v=d,
-            n_rot=d,
-            rope_freq_base=10000.0,
-            rope_freq_scale=1.0,
-            norm_rms_eps=float(eps),
-            n_swa=0,
-        )
-        if d % 16:
-            raise ModelError(f"unsupported shape: head size {d} must be a multiple of 16")
-        if n_embd % 32 or n_ff % 32:
-            raise ModelError(
-                f"unsupported shape: n_embd ({n_embd}) and n_ff ({n_ff}) must be multiples of 32"
-            )
-
-        def t(name: str, shape: tuple[int, ...]):
-            if not mf.has_tensor(name):
-                raise ModelError(f"tensor {name!r} is missing (required by bert)")
-            info = mf.tensor(name)
-            if tuple(info.shape) != shape:
-                raise ModelError(f"tensor {name!r} has shape {tuple(info.shape)}, expected {shape}")
-            return info
-
+        hp, eps, pooling = _hparams(mf)
+        t = _tensor_getter(mf)
         if mf.has_tensor("blk.0.attn_qkv.weight"):
             raise ModelError(
                 "tensor 'blk.0.attn_qkv.weight': fused QKV bert files are not supported"
             )
+        n_embd = hp.n_embd
         store = WeightStore()
-        token_embd = store.matrix(t("token_embd.weight", (n_embd, n_vocab)))
-        info = t("position_embd.weight", (n_embd, n_ctx_train))
+        token_embd = store.matrix(t("token_embd.weight", (n_embd, hp.n_vocab)))
+        info = t("position_embd.weight", (n_embd, hp.n_ctx_train))
         pos_embd = np.ascontiguousarray(
             dequantize(source.raw(info), info.type, info.np_shape), _F32
         )
@@ -215,48 +154,16 @@ class BertModel:
             type_embd = np.ascontiguousarray(
                 dequantize(source.raw(info), info.type, info.np_shape), _F32
             )
-        vec = store.vector
         tok_norm = (
-            vec(t("token_embd_norm.weight", (n_embd,))),
-            vec(t("token_embd_norm.bias", (n_embd,))),
+            store.vector(t("token_embd_norm.weight", (n_embd,))),
+            store.vector(t("token_embd_norm.bias", (n_embd,))),
         )
-        blk = []
-        for i in range(n_layer):
-            p = f"blk.{i}."
-
-            def mat(n: str, shape: tuple[int, int], p: str = p) -> Matrix:
-                return store.matrix(t(p + n + ".weight", shape))
-
-            def bias(n: str, size: int, kind: str = ".bias", p: str = p) -> Vector:
-                return vec(t(p + n + kind, (size,)))
-
-            e, f = n_embd, n_ff
-            blk.append(
-                BertBlock(
-                    attn_q=mat("attn_q", (e, e)),
-                    attn_q_b=bias("attn_q", e),
-                    attn_k=mat("attn_k", (e, e)),
-                    attn_k_b=bias("attn_k", e),
-                    attn_v=mat("attn_v", (e, e)),
-                    attn_v_b=bias("attn_v", e),
-                    attn_output=mat("attn_output", (e, e)),
-                    attn_output_b=bias("attn_output", e),
-                    attn_output_norm=bias("attn_output_norm", e, ".weight"),
-                    attn_output_norm_b=bias("attn_output_norm", e),
-                    ffn_up=mat("ffn_up", (e, f)),
-                    ffn_up_b=bias("ffn_up", f),
-                    ffn_down=mat("ffn_down", (f, e)),
-                    ffn_down_b=bias("ffn_down", e),
-                    layer_output_norm=bias("layer_output_norm", e, ".weight"),
-                    layer_output_norm_b=bias("layer_output_norm", e),
-                )
-            )
+        blk = [_block(store, t, f"blk.{i}.", n_embd, hp.n_ff) for i in range(hp.n_layer)]
         store.build(source)
-        pt = int(pooling) if isinstance(pooling, int | np.integer) else None
-        return cls(hp, float(eps), pt, store, token_embd, pos_embd, type_embd, tok_norm, blk)
+        return cls(hp, eps, pooling, store, token_embd, pos_embd, type_embd, tok_norm, blk)
 
     def use_all_kernels(self) -> None:
-        self.fmask = format_mask(formats.SUPPORTED_TYPES)
+        self.fmask = format_mask(traits.supported_types())
 
     # ------------------------------------------------------------------ running
     def workspace(self, n_tokens: int, n_threads: int) -> BertWorkspace:
@@ -335,3 +242,101 @@ class BertModel:
 
 
 MODEL = BertModel
+
+
+def _hparams(mf: GGUFModelFile) -> tuple[HParams, float, int | None]:
+    """(hyper-parameters, layer-norm epsilon, pooling type) of a bert file, checked."""
+    md, a = mf.metadata, "bert"
+
+    def key_int(name: str, default: int | None = None) -> int:
+        v = md.get(f"{a}.{name}", default)
+        if not isinstance(v, int | np.integer) or isinstance(v, bool) or v < 1:
+            raise ModelError(f"metadata key '{a}.{name}' must be a positive integer, got {v!r}")
+        return int(v)
+
+    n_embd = key_int("embedding_length")
+    n_head = key_int("attention.head_count")
+    n_layer = key_int("block_count")
+    n_ff = key_int("feed_forward_length")
+    n_ctx_train = key_int("context_length")
+    if md.get(f"{a}.attention.head_count_kv", n_head) != n_head:
+        raise ModelError(
+            f"bert needs head_count_kv == head_count (key {a}.attention.head_count_kv)"
+        )
+    if n_embd % n_head:
+        raise ModelError(f"embedding_length ({n_embd}) is not a multiple of head_count ({n_head})")
+    eps = md.get(f"{a}.attention.layer_norm_epsilon")
+    if not isinstance(eps, float | int) or eps < 0:
+        raise ModelError(f"metadata key '{a}.attention.layer_norm_epsilon' is missing or invalid")
+    if not mf.has_tensor("token_embd.weight"):
+        raise ModelError("tensor 'token_embd.weight' is missing (required by bert)")
+    d = n_embd // n_head
+    if d % 16:
+        raise ModelError(f"unsupported shape: head size {d} must be a multiple of 16")
+    if n_embd % 32 or n_ff % 32:
+        raise ModelError(
+            f"unsupported shape: n_embd ({n_embd}) and n_ff ({n_ff}) must be multiples of 32"
+        )
+    hp = HParams(
+        arch=a,
+        n_vocab=int(mf.tensor("token_embd.weight").shape[1]),
+        n_ctx_train=n_ctx_train,
+        n_embd=n_embd,
+        n_layer=n_layer,
+        n_ff=n_ff,
+        n_head=n_head,
+        n_head_kv=n_head,
+        n_embd_head_k=d,
+        n_embd_head_v=d,
+        n_rot=d,
+        rope_freq_base=10000.0,
+        rope_freq_scale=1.0,
+        norm_rms_eps=float(eps),
+        n_swa=0,
+    )
+    pooling = md.get(f"{a}.pooling_type")
+    return hp, float(eps), int(pooling) if isinstance(pooling, int | np.integer) else None
+
+
+def _tensor_getter(mf: GGUFModelFile):
+    """``t(name, shape)``: the tensor's info, or a :class:`ModelError` if it is missing or
+    has another shape."""
+
+    def t(name: str, shape: tuple[int, ...]):
+        if not mf.has_tensor(name):
+            raise ModelError(f"tensor {name!r} is missing (required by bert)")
+        info = mf.tensor(name)
+        if tuple(info.shape) != shape:
+            raise ModelError(f"tensor {name!r} has shape {tuple(info.shape)}, expected {shape}")
+        return info
+
+    return t
+
+
+def _block(store: WeightStore, t, p: str, e: int, f: int) -> BertBlock:
+    """The tensors of the layer whose names start with ``p`` (``blk.N.``)."""
+
+    def mat(n: str, shape: tuple[int, int]) -> Matrix:
+        return store.matrix(t(p + n + ".weight", shape))
+
+    def bias(n: str, size: int, kind: str = ".bias") -> Vector:
+        return store.vector(t(p + n + kind, (size,)))
+
+    return BertBlock(
+        attn_q=mat("attn_q", (e, e)),
+        attn_q_b=bias("attn_q", e),
+        attn_k=mat("attn_k", (e, e)),
+        attn_k_b=bias("attn_k", e),
+        attn_v=mat("attn_v", (e, e)),
+        attn_v_b=bias("attn_v", e),
+        attn_output=mat("attn_output", (e, e)),
+        attn_output_b=bias("attn_output", e),
+        attn_output_norm=bias("attn_output_norm", e, ".weight"),
+        attn_output_norm_b=bias("attn_output_norm", e),
+        ffn_up=mat("ffn_up", (e, f)),
+        ffn_up_b=bias("ffn_up", f),
+        ffn_down=mat("ffn_down", (f, e)),
+        ffn_down_b=bias("ffn_down", e),
+        layer_output_norm=bias("layer_output_norm", e, ".weight"),
+        layer_output_norm_b=bias("layer_output_norm", e),
+    )

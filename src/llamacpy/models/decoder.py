@@ -24,7 +24,7 @@ from ..errors import ModelError
 from ..gguf import GGMLType, GGUFModelFile, TensorInfo
 from ..hparams import HParams
 from ..kernel_cache import preload
-from ..ops import formats
+from ..ops import traits
 from ..ops.attention import TILE
 from ..ops.matmul import act_need, format_mask, new_acts
 from ..ops.rope import RopeParams
@@ -162,7 +162,7 @@ class Decoder:
         glob = _read(cls.tensors, mf, store, source, hp, None)
         blk = [Layer(_read(cls.tensors, mf, store, source, hp, i)) for i in range(hp.n_layer)]
         for m, _ in store.matrices:
-            qk = formats.layout(m.type, tensor=m.name).qk
+            qk = traits.get(m.type, tensor=m.name).qk
             if m.ncols % qk:
                 raise ModelError(
                     f"tensor {m.name!r}: {m.ncols} columns are not a multiple of the "
@@ -244,7 +244,7 @@ class Decoder:
     def use_all_kernels(self) -> None:
         """Link every format's matmul kernel into the compiled forward pass (one compiled
         forward for all models, instead of one per set of weight formats)."""
-        self.fmask = format_mask(formats.SUPPORTED_TYPES)
+        self.fmask = format_mask(traits.supported_types())
 
     # ------------------------------------------------------------------ running
     def workspace(self, n_tokens: int, n_threads: int) -> Workspace:

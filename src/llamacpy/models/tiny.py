@@ -107,36 +107,40 @@ def write_tiny_llama(
         raise ValueError(f"tiny models exist for {', '.join(TINY_ARCHS)}, not {arch!r}")
     own = {"phi3": {"n_ctx": PHI3_N_CTX}, "smollm3": {"n_layer": 4}}.get(arch, {})
     s = {**TINY_SHAPE, **own, **shape}
-    e, f, v = s["n_embd"], s["n_ff"], s["n_vocab"]
-    hd = 32 if arch == "qwen3" else e // s["n_head"]
-    qd = hd * s["n_head"]
-    kvd = hd * s["n_head_kv"]
-    rng = np.random.default_rng(seed)
+    hd = 32 if arch == "qwen3" else s["n_embd"] // s["n_head"]
     w = GGUFWriter(path)
-    a = arch
-    w.add("general.architecture", a)
+    w.add("general.architecture", arch)
     # (llama.cpp keys vocabulary fix-ups on names containing "phi3": keep the arch out)
-    label = "llama" if a == "llama" else "random"
+    label = "llama" if arch == "llama" else "random"
     w.add("general.name", f"tiny-{label}-{GGMLType(weight_type).name.lower()}")
+    _add_hparams(w, arch, s, hd, rope, sliding_window, attn_factor)
+    _add_byte_vocab(w, s["n_vocab"])
+    rng = np.random.default_rng(seed)
+    _add_tensors(w, rng, GGMLType(weight_type), arch, s, hd, rope)
+    w.write()
+
+
+def _add_hparams(w, a: str, s: dict, hd: int, rope: str, sliding_window: int, attn_factor):
+    """The architecture's keys (``a``: the architecture, ``s``: the shape)."""
     w.add(f"{a}.context_length", s["n_ctx"], GGUFValueType.UINT32)
-    w.add(f"{a}.embedding_length", e, GGUFValueType.UINT32)
+    w.add(f"{a}.embedding_length", s["n_embd"], GGUFValueType.UINT32)
     w.add(f"{a}.block_count", s["n_layer"], GGUFValueType.UINT32)
-    w.add(f"{a}.feed_forward_length", f, GGUFValueType.UINT32)
+    w.add(f"{a}.feed_forward_length", s["n_ff"], GGUFValueType.UINT32)
     w.add(f"{a}.attention.head_count", s["n_head"], GGUFValueType.UINT32)
     w.add(f"{a}.attention.head_count_kv", s["n_head_kv"], GGUFValueType.UINT32)
-    if arch == "qwen3":
+    if a == "qwen3":
         w.add(f"{a}.attention.key_length", hd, GGUFValueType.UINT32)
         w.add(f"{a}.attention.value_length", hd, GGUFValueType.UINT32)
     w.add(f"{a}.rope.dimension_count", hd, GGUFValueType.UINT32)
     w.add(f"{a}.rope.freq_base", 10000.0, GGUFValueType.FLOAT32)
     w.add(f"{a}.attention.layer_norm_rms_epsilon", 1e-5, GGUFValueType.FLOAT32)
-    if arch == "gemma3":
+    if a == "gemma3":
         sliding_window = sliding_window or 4
         w.add(f"{a}.attention.sliding_window_pattern", 2, GGUFValueType.UINT32)
         w.add(f"{a}.rope.freq_base_swa", 1000.0, GGUFValueType.FLOAT32)
     if sliding_window:
         w.add(f"{a}.attention.sliding_window", sliding_window, GGUFValueType.UINT32)
-    if arch == "phi3":
+    if a == "phi3":
         w.add(f"{a}.rope.scaling.original_context_length", PHI3_ORIG_CTX, GGUFValueType.UINT32)
         w.add(f"{a}.rope.scaling.attn_factor", attn_factor, GGUFValueType.FLOAT32)
     if rope in ("linear", "yarn"):
@@ -144,6 +148,10 @@ def write_tiny_llama(
         w.add(f"{a}.rope.scaling.factor", 2.0 if rope == "linear" else 4.0, GGUFValueType.FLOAT32)
     if rope == "yarn":
         w.add(f"{a}.rope.scaling.original_context_length", 64, GGUFValueType.UINT32)
+
+
+def _add_byte_vocab(w, v: int) -> None:
+    """A SentencePiece vocabulary of ``v`` tokens: <unk>, <s>, </s> and byte tokens."""
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(v - 3)]
     w.add("tokenizer.ggml.model", "llama")
     w.add("tokenizer.ggml.tokens", tokens, GGUFValueType.ARRAY, GGUFValueType.STRING)
@@ -152,7 +160,11 @@ def write_tiny_llama(
     w.add("tokenizer.ggml.bos_token_id", 1, GGUFValueType.UINT32)
     w.add("tokenizer.ggml.eos_token_id", 2, GGUFValueType.UINT32)
     w.add("tokenizer.ggml.add_bos_token", False)
-    t = GGMLType(weight_type)
+
+
+def _add_tensors(w, rng, t: GGMLType, arch: str, s: dict, hd: int, rope: str) -> None:
+    """Random tensors of every layer and the global ones (drawn from ``rng`` in file order)."""
+    e, v = s["n_embd"], s["n_vocab"]
 
     def norm(n: int = e) -> np.ndarray:
         return (1.0 + _normal(rng, n)).astype(np.float32)
@@ -160,45 +172,49 @@ def write_tiny_llama(
     def mat(name: str, nrows: int, ncols: int) -> None:
         w.add_tensor(name, t, (ncols, nrows), random_tensor(rng, t, nrows, ncols))
 
+    def vec(name: str, x: np.ndarray) -> None:
+        w.add_tensor(name, GGMLType.F32, (len(x),), x)
+
     mat("token_embd.weight", v, e)
     for i in range(s["n_layer"]):
-        p = f"blk.{i}."
-        w.add_tensor(p + "attn_norm.weight", GGMLType.F32, (e,), norm())
-        if arch == "phi3":
-            mat(p + "attn_qkv.weight", qd + 2 * kvd, e)
-        else:
-            mat(p + "attn_q.weight", qd, e)
-            mat(p + "attn_k.weight", kvd, e)
-            mat(p + "attn_v.weight", kvd, e)
-        if arch == "qwen2":  # biases of std 0.5: large enough to matter
-            for name, n in (("attn_q", qd), ("attn_k", kvd), ("attn_v", kvd)):
-                w.add_tensor(p + name + ".bias", GGMLType.F32, (n,), 10.0 * _normal(rng, n))
-        if arch in ("qwen3", "gemma3"):
-            w.add_tensor(p + "attn_q_norm.weight", GGMLType.F32, (hd,), norm(hd))
-            w.add_tensor(p + "attn_k_norm.weight", GGMLType.F32, (hd,), norm(hd))
-        mat(p + "attn_output.weight", e, qd)
-        if arch == "gemma3":
-            w.add_tensor(p + "post_attention_norm.weight", GGMLType.F32, (e,), norm())
-        w.add_tensor(p + "ffn_norm.weight", GGMLType.F32, (e,), norm())
-        if arch == "phi3":
-            mat(p + "ffn_up.weight", 2 * f, e)
-        else:
-            mat(p + "ffn_gate.weight", f, e)
-            mat(p + "ffn_up.weight", f, e)
-        mat(p + "ffn_down.weight", e, f)
-        if arch == "gemma3":
-            w.add_tensor(p + "post_ffw_norm.weight", GGMLType.F32, (e,), norm())
-    w.add_tensor("output_norm.weight", GGMLType.F32, (e,), norm())
+        _add_layer(f"blk.{i}.", arch, s, hd, mat, vec, norm, rng)
+    vec("output_norm.weight", norm())
     mat("output.weight", v, e)
     if rope == "llama3":
-        freqs = np.geomspace(1.0, 8.0, hd // 2).astype(np.float32)
-        w.add_tensor("rope_freqs.weight", GGMLType.F32, (hd // 2,), freqs)
+        vec("rope_freqs.weight", np.geomspace(1.0, 8.0, hd // 2).astype(np.float32))
     if arch == "phi3":
-        long_f = np.geomspace(1.0, 6.0, hd // 2).astype(np.float32)
-        short_f = np.geomspace(1.0, 1.5, hd // 2).astype(np.float32)
-        w.add_tensor("rope_factors_long.weight", GGMLType.F32, (hd // 2,), long_f)
-        w.add_tensor("rope_factors_short.weight", GGMLType.F32, (hd // 2,), short_f)
-    w.write()
+        vec("rope_factors_long.weight", np.geomspace(1.0, 6.0, hd // 2).astype(np.float32))
+        vec("rope_factors_short.weight", np.geomspace(1.0, 1.5, hd // 2).astype(np.float32))
+
+
+def _add_layer(p: str, arch: str, s: dict, hd: int, mat, vec, norm, rng) -> None:
+    e, f = s["n_embd"], s["n_ff"]
+    qd, kvd = hd * s["n_head"], hd * s["n_head_kv"]
+    vec(p + "attn_norm.weight", norm())
+    if arch == "phi3":
+        mat(p + "attn_qkv.weight", qd + 2 * kvd, e)
+    else:
+        mat(p + "attn_q.weight", qd, e)
+        mat(p + "attn_k.weight", kvd, e)
+        mat(p + "attn_v.weight", kvd, e)
+    if arch == "qwen2":  # biases of std 0.5: large enough to matter
+        for name, n in (("attn_q", qd), ("attn_k", kvd), ("attn_v", kvd)):
+            vec(p + name + ".bias", 10.0 * _normal(rng, n))
+    if arch in ("qwen3", "gemma3"):
+        vec(p + "attn_q_norm.weight", norm(hd))
+        vec(p + "attn_k_norm.weight", norm(hd))
+    mat(p + "attn_output.weight", e, qd)
+    if arch == "gemma3":
+        vec(p + "post_attention_norm.weight", norm())
+    vec(p + "ffn_norm.weight", norm())
+    if arch == "phi3":
+        mat(p + "ffn_up.weight", 2 * f, e)
+    else:
+        mat(p + "ffn_gate.weight", f, e)
+        mat(p + "ffn_up.weight", f, e)
+    mat(p + "ffn_down.weight", e, f)
+    if arch == "gemma3":
+        vec(p + "post_ffw_norm.weight", norm())
 
 
 def write_tiny_bert(

@@ -24,7 +24,7 @@ from .._startup import libc_madvise, take_memory
 from ..errors import ModelError
 from ..gguf import GGMLType, GGUFModelFile, TensorInfo
 from ..gguf.constants import GGML_BLOCK_SIZES
-from ..ops import formats
+from ..ops import formats, traits
 
 _ALIGN = 64
 _PAGE = mmap.PAGESIZE
@@ -235,7 +235,7 @@ class WeightStore:
     def matrix(self, info: TensorInfo) -> Matrix:
         if len(info.shape) != 2:
             raise ModelError(f"tensor {info.name!r} must be 2-D, has shape {info.shape}")
-        formats.layout(info.type, tensor=info.name)
+        traits.get(info.type, tensor=info.name)
         m = Matrix(len(self.matrices), info.name, GGMLType(info.type), info.shape[1], info.shape[0])
         self.matrices.append((m, info))
         return m

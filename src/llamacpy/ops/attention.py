@@ -569,13 +569,7 @@ def attention_tiled(
     (2 * TILE floats). Every query row still sees the tiles in cell order with the same
     operations, so its numerics do not depend on the grouping."""
     n_kv_head = n_head // gqa
-    rows = 16
-    while (
-        rows < 64
-        and 4 * rows <= st.shape[0]
-        and n_kv_head * ((n_tok + 2 * rows - 1) // (2 * rows)) >= 4 * nth
-    ):
-        rows *= 2
+    rows = _tiled_rows(n_tok, n_kv_head, st.shape[0], nth)
     nb = (n_tok + rows - 1) // rows
     gfit = max(1, min(gqa, st.shape[0] // (2 * rows)))
     pair = pt.shape[0] >= 2 * TILE  # scratch for two rows' scores: rows go in pairs
@@ -585,24 +579,10 @@ def attention_tiled(
         ho = lbase + hk * hstride
         for g0 in range(0, gqa, gfit):
             g1 = min(gqa, g0 + gfit)
-            for g in range(g0, g1):
-                h = hk * gqa + g
-                for t in range(q0, q1):
-                    ATT[t, h * hd : (h + 1) * hd] = 0
-                    s = 2 * rows * (g - g0) + 2 * (t - q0)
-                    st[s] = -np.inf
-                    st[s + 1] = 0
+            _tiled_start(ATT, st, hk, gqa, g0, g1, q0, q1, rows, hd)
             for c0 in range(0, n_kv, TILE):
                 n = min(TILE, n_kv - c0)
-                visible = False
-                for t in range(q0, q1):
-                    for c in range(c0, c0 + n):
-                        if mask[t, c] != 0:
-                            visible = True
-                            break
-                    if visible:
-                        break
-                if not visible:
+                if not _tile_visible(mask, q0, q1, c0, n):
                     continue
                 load_tile(kc, vc, ho, ho, rowb, kv_type, hd, c0, n, kt, vt)
                 for g in range(g0, g1):
@@ -628,6 +608,43 @@ def attention_tiled(
                 for t in range(q0, q1):
                     s = 2 * rows * (g - g0) + 2 * (t - q0) + 1
                     finish_row(ATT[t, h * hd :], hd, st[s], ATT[t], h * hd)
+
+
+@njit(cache=True, inline="always")
+def _tiled_rows(n_tok, n_kv_head, n_states, nth):
+    """Query rows per work item: 16, 32 or 64, as many as ``n_states`` softmax states allow
+    while every thread keeps four items or more."""
+    rows = 16
+    while (
+        rows < 64
+        and 4 * rows <= n_states
+        and n_kv_head * ((n_tok + 2 * rows - 1) // (2 * rows)) >= 4 * nth
+    ):
+        rows *= 2
+    return rows
+
+
+@njit(cache=True, inline="always")
+def _tiled_start(ATT, st, hk, gqa, g0, g1, q0, q1, rows, hd):
+    """Zero the outputs of query heads ``g0..g1`` of KV head ``hk``, rows ``q0..q1``, and
+    start their softmax states (max -inf, sum 0)."""
+    for g in range(g0, g1):
+        h = hk * gqa + g
+        for t in range(q0, q1):
+            ATT[t, h * hd : (h + 1) * hd] = 0
+            s = 2 * rows * (g - g0) + 2 * (t - q0)
+            st[s] = -np.inf
+            st[s + 1] = 0
+
+
+@njit(cache=True, inline="always")
+def _tile_visible(mask, q0, q1, c0, n):
+    """Whether any of rows ``q0..q1`` sees any of cells ``c0..c0+n``."""
+    for t in range(q0, q1):
+        for c in range(c0, c0 + n):
+            if mask[t, c] != 0:
+                return True
+    return False
 
 
 # ----------------------------------------------------------------------------- K shift

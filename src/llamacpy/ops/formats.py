@@ -27,146 +27,21 @@ produce the same bytes;
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numba
 import numpy as np
 from numba import njit, prange
 
 from ..errors import ModelError
-from ..gguf.constants import GGML_BLOCK_SIZES, GGMLType
+from ..gguf.constants import GGMLType
 from ..simd import load_u32, store_u32
-
-ROWS, CHUNK4, XOR80, T, Q5HB, K4SC, Q3SC, IQ4XSSC = range(8)
-GROUP = 16  # rows per row group (vector lanes)
-
-# which activation a format's kernel consumes
-ACT_Q8 = 0  # int8, one f32 scale per 32 (ggml's q8_0 / q8_1)
-ACT_Q8K = 1  # int8, one f32 scale per 256, sums per 16 (ggml's q8_K)
-ACT_F32 = 2  # float32 as is
-ACT_F16 = 3  # float32 rounded to f16 precision (ggml converts activations to f16)
-ACT_BF16 = 4  # float32 rounded to bf16 precision
+from . import traits
+from .traits import CHUNK4, GROUP, IQ4XSSC, K4SC, Q3SC, Q5HB, ROWS, XOR80, Layout, T
 
 
-@dataclass(frozen=True)
-class Layout:
-    """How one ggml type is repacked: ``ops`` rows are (kind, src_off, nbytes, dst_off, elem)."""
-
-    type: GGMLType
-    qk: int  # elements per (virtual) block
-    src_bytes: int  # bytes per block in the GGUF file (per row)
-    dst_bytes: int  # bytes per block of a 16-row group after repacking
-    act: int
-    ops: tuple[tuple[int, int, int, int, int], ...]
-
-    @property
-    def ops_array(self) -> np.ndarray:
-        return np.array(self.ops, dtype=np.int64).reshape(-1, 5)
-
-
-def _layout(t, qk, act, dst_bytes, *ops):
-    src = GGML_BLOCK_SIZES[t][1] * qk // GGML_BLOCK_SIZES[t][0]
-    full = [(*op, 1) if len(op) == 4 else op for op in ops]
-    return Layout(t, qk, src, dst_bytes, act, tuple(full))
-
-
-G = GGMLType
-LAYOUTS: dict[GGMLType, Layout] = {
-    lay.type: lay
-    for lay in (
-        _layout(G.F32, 16, ACT_F32, 1024, (T, 0, 64, 0, 4)),
-        _layout(G.F16, 16, ACT_F16, 512, (T, 0, 32, 0, 2)),
-        _layout(G.BF16, 16, ACT_BF16, 512, (T, 0, 32, 0, 2)),
-        _layout(G.Q4_0, 32, ACT_Q8, 288, (ROWS, 0, 2, 0), (CHUNK4, 2, 16, 32)),
-        _layout(G.Q4_1, 32, ACT_Q8, 320, (ROWS, 0, 2, 0), (ROWS, 2, 2, 32), (CHUNK4, 4, 16, 64)),
-        _layout(G.Q5_0, 32, ACT_Q8, 352, (ROWS, 0, 2, 0), (Q5HB, 2, 4, 32), (CHUNK4, 6, 16, 96)),
-        _layout(
-            G.Q5_1,
-            32,
-            ACT_Q8,
-            384,
-            (ROWS, 0, 2, 0),
-            (ROWS, 2, 2, 32),
-            (Q5HB, 4, 4, 64),
-            (CHUNK4, 8, 16, 128),
-        ),
-        _layout(G.Q8_0, 32, ACT_Q8, 544, (ROWS, 0, 2, 0), (XOR80, 2, 32, 32)),
-        _layout(G.IQ4_NL, 32, ACT_Q8, 288, (ROWS, 0, 2, 0), (CHUNK4, 2, 16, 32)),
-        _layout(
-            G.Q2_K,
-            256,
-            ACT_Q8K,
-            1344,
-            (ROWS, 80, 2, 0),
-            (ROWS, 82, 2, 32),
-            (T, 0, 16, 64),
-            (CHUNK4, 16, 64, 320),
-        ),
-        _layout(
-            G.Q3_K,
-            256,
-            ACT_Q8K,
-            1824,
-            (ROWS, 108, 2, 0),
-            (Q3SC, 96, 12, 32),
-            (CHUNK4, 0, 32, 288),
-            (CHUNK4, 32, 64, 800),
-        ),
-        _layout(
-            G.Q4_K,
-            256,
-            ACT_Q8K,
-            2368,
-            (ROWS, 0, 2, 0),
-            (ROWS, 2, 2, 32),
-            (K4SC, 4, 12, 64),
-            (CHUNK4, 16, 128, 320),
-        ),
-        _layout(
-            G.Q5_K,
-            256,
-            ACT_Q8K,
-            2880,
-            (ROWS, 0, 2, 0),
-            (ROWS, 2, 2, 32),
-            (K4SC, 4, 12, 64),
-            (CHUNK4, 16, 32, 320),
-            (CHUNK4, 48, 128, 832),
-        ),
-        _layout(
-            G.Q6_K,
-            256,
-            ACT_Q8K,
-            3360,
-            (ROWS, 208, 2, 0),
-            (T, 192, 16, 32),
-            (CHUNK4, 0, 128, 288),
-            (CHUNK4, 128, 64, 2336),
-        ),
-        _layout(
-            G.IQ4_XS,
-            256,
-            ACT_Q8K,
-            2208,
-            (ROWS, 0, 2, 0),
-            (IQ4XSSC, 2, 6, 32),
-            (CHUNK4, 8, 128, 160),
-        ),
-    )
-}
-SUPPORTED_TYPES = tuple(LAYOUTS)
-
-
-def layout(t: GGMLType | int, tensor: str | None = None) -> Layout:
-    try:
-        return LAYOUTS[GGMLType(t)]
-    except (KeyError, ValueError):
-        where = f" (tensor {tensor!r})" if tensor else ""
-        names = ", ".join(x.name for x in SUPPORTED_TYPES)
-        name = GGMLType(t).name if t in GGMLType._value2member_map_ else str(t)
-        raise ModelError(
-            f"weight type {name} is not supported by the matmul kernels{where}; supported: {names}"
-        ) from None
+def layout(t, tensor: str | None = None) -> Layout:
+    """The repacked layout of type ``t`` (its traits record's); a :class:`ModelError` naming
+    the type (and ``tensor``) when the engine has no kernels for it."""
+    return traits.get(t, tensor).layout
 
 
 def n_groups(nrows: int) -> int:

@@ -32,12 +32,9 @@ from numba.extending import (
 )
 
 from ..gguf.constants import GGMLType
-from ..simd import prefetch, vload_f32, vstore_f32, vzero_f32
-from . import qdot_float as QF
-from . import qdot_k as QK
-from . import qdot_legacy as QL
+from . import qdot_float, qdot_k, qdot_legacy, traits  # noqa: F401 (register the formats' records)
 from .dequant import dequantize_repacked_numpy
-from .formats import ACT_BF16, ACT_F16, ACT_F32, ACT_Q8, ACT_Q8K, layout, unpack_fields
+from .formats import unpack_fields
 from .quantize_act import (
     quantize_q8,
     quantize_q8_numpy,
@@ -46,11 +43,7 @@ from .quantize_act import (
     round_activations,
     round_activations_numpy,
 )
-
-PREFETCH = 2048  # bytes ahead of the weight block being read
-# llama.cpp multiplies K-quant weights it does not repack (Q6_K on x86) with its tiled kernels
-# when the matmul has at least this many tokens, and with vec_dot below (ggml_tiled_min_batch)
-TILED_MIN_TOKENS = 8
+from .traits import ACT_BF16, ACT_F16, ACT_F32, ACT_Q8, ACT_Q8K
 
 NEED_Q8, NEED_Q8K = 1 << ACT_Q8, 1 << ACT_Q8K
 NEED_FLOAT = (1 << ACT_F32) | (1 << ACT_F16) | (1 << ACT_BF16)
@@ -60,7 +53,7 @@ def act_need(types) -> int:
     """Bit mask of the activation kinds the given weight types consume."""
     mask = 0
     for t in types:
-        mask |= 1 << layout(t).act
+        mask |= 1 << traits.get(t).act
     floats = mask & NEED_FLOAT
     if floats & (floats - 1):
         names = ", ".join(GGMLType(t).name for t in types)
@@ -98,196 +91,6 @@ def prepare_acts(x, t0, t1, k, need, A):
         round_activations(x, t0, t1, k, 4, A[7])
 
 
-@njit(cache=True, inline="always")
-def _put(out, i, v, add):
-    if add:
-        v = v + vload_f32(out, i)
-    vstore_f32(out, i, v)
-
-
-@njit(cache=True, inline="always")
-def _same(a):
-    return a
-
-
-@njit(cache=True, inline="always")
-def _drive(k1, k4, w, off, nblk, bb, g0, g1, A, t0, t1, out, ot, add):
-    """Vector accumulators (K-quant and float formats): tokens 4 at a time."""
-    _drive_acc(vzero_f32, _same, k1, k4, w, off, nblk, bb, g0, g1, A, t0, t1, out, ot, add)
-
-
-@njit(cache=True, inline="always")
-def _drive_acc(zero, fin, k1, k4, w, off, nblk, bb, g0, g1, A, t0, t1, out, ot, add):
-    """:func:`_drive` with accumulators made by ``zero()`` and finished by ``fin(acc)``."""
-    ldo = out.shape[1]
-    for g in range(g0, g1):
-        og = off + g * nblk * bb
-        t = t0
-        while t + 4 <= t1:
-            a0 = a1 = a2 = a3 = zero()
-            for b in range(nblk):
-                a0, a1, a2, a3 = k4(w, og + b * bb, A, t, b, a0, a1, a2, a3)
-            o = (ot + t - t0) * ldo + 16 * g
-            _put(out, o, fin(a0), add)
-            _put(out, o + ldo, fin(a1), add)
-            _put(out, o + 2 * ldo, fin(a2), add)
-            _put(out, o + 3 * ldo, fin(a3), add)
-            t += 4
-        while t < t1:
-            a = zero()
-            for b in range(nblk):
-                a = k1(w, og + b * bb, A, t, b, a)
-            _put(out, (ot + t - t0) * ldo + 16 * g, fin(a), add)
-            t += 1
-
-
-@njit(cache=True, inline="always")
-def _drive_lanes(zero, fin, k1, k2, w, off, nblk, bb, g0, g1, A, t0, t1, out, ot, add):
-    """ggml-lane accumulators (32-weight formats, see :mod:`.qdot_legacy`): tokens 2 at a time."""
-    ldo = out.shape[1]
-    for g in range(g0, g1):
-        og = off + g * nblk * bb
-        t = t0
-        while t + 2 <= t1:
-            a = zero()
-            c = zero()
-            for b in range(nblk):
-                a, c = k2(w, og + b * bb, A, t, b, nblk, a, c)
-            o = (ot + t - t0) * ldo + 16 * g
-            _put(out, o, fin(a), add)
-            _put(out, o + ldo, fin(c), add)
-            t += 2
-        if t < t1:
-            a = zero()
-            for b in range(nblk):
-                for i in range(0, bb, 64):
-                    prefetch(w, og + b * bb + PREFETCH + i)
-                a = k1(w, og + b * bb, A, t, b, nblk, a)
-            _put(out, (ot + t - t0) * ldo + 16 * g, fin(a), add)
-
-
-# One separately compiled (and cached) kernel per format: a model compiles only its formats.
-
-
-@njit(cache=True)
-def mm_q4_0(w, desc, A, t0, t1, g0, g1, out, ot, add):
-    k1, k2, nblk = QL.q4_0_t1, QL.q4_0_t2, desc[3] // 32
-    _drive_lanes(QL.zero, QL.fin, k1, k2, w, desc[1], nblk, 288, g0, g1, A, t0, t1, out, ot, add)
-
-
-@njit(cache=True)
-def mm_q4_1(w, desc, A, t0, t1, g0, g1, out, ot, add):
-    k1, k2, nblk = QL.q4_1_t1, QL.q4_1_t2, desc[3] // 32
-    _drive_lanes(QL.zero, QL.fin, k1, k2, w, desc[1], nblk, 320, g0, g1, A, t0, t1, out, ot, add)
-
-
-@njit(cache=True)
-def mm_q5_0(w, desc, A, t0, t1, g0, g1, out, ot, add):
-    k1, k2, nblk = QL.q5_0_t1, QL.q5_0_t2, desc[3] // 32
-    _drive_lanes(QL.zero, QL.fin, k1, k2, w, desc[1], nblk, 352, g0, g1, A, t0, t1, out, ot, add)
-
-
-@njit(cache=True)
-def mm_q5_1(w, desc, A, t0, t1, g0, g1, out, ot, add):
-    k1, k2, nblk = QL.q5_1_t1, QL.q5_1_t2, desc[3] // 32
-    _drive_lanes(QL.zero, QL.fin, k1, k2, w, desc[1], nblk, 384, g0, g1, A, t0, t1, out, ot, add)
-
-
-@njit(cache=True)
-def mm_q8_0(w, desc, A, t0, t1, g0, g1, out, ot, add):
-    k1, k2, nblk = QL.q8_0_t1, QL.q8_0_t2, desc[3] // 32
-    _drive_lanes(QL.zero, QL.fin, k1, k2, w, desc[1], nblk, 544, g0, g1, A, t0, t1, out, ot, add)
-
-
-@njit(cache=True)
-def mm_iq4_nl(w, desc, A, t0, t1, g0, g1, out, ot, add):
-    k1, k2, nblk = QL.iq4_nl_t1, QL.iq4_nl_t2, desc[3] // 32
-    _drive_lanes(
-        QL.zero18, QL.fin18, k1, k2, w, desc[1], nblk, 288, g0, g1, A, t0, t1, out, ot, add
-    )
-
-
-@njit(cache=True)
-def mm_q2_k(w, desc, A, t0, t1, g0, g1, out, ot, add):
-    k1, k4, nblk = QK.q2_k_t1, QK.q2_k_t4, desc[3] // 256
-    _drive(k1, k4, w, desc[1], nblk, 1344, g0, g1, A, t0, t1, out, ot, add)
-
-
-@njit(cache=True)
-def mm_q3_k(w, desc, A, t0, t1, g0, g1, out, ot, add):
-    k1, k4, nblk = QK.q3_k_t1, QK.q3_k_t4, desc[3] // 256
-    _drive(k1, k4, w, desc[1], nblk, 1824, g0, g1, A, t0, t1, out, ot, add)
-
-
-@njit(cache=True)
-def mm_q4_k(w, desc, A, t0, t1, g0, g1, out, ot, add):
-    k1, k4, nblk = QK.q4_k_t1, QK.q4_k_t4, desc[3] // 256
-    z, f = QK.zero_pair, QK.fin_pair
-    _drive_acc(z, f, k1, k4, w, desc[1], nblk, 2368, g0, g1, A, t0, t1, out, ot, add)
-
-
-@njit(cache=True)
-def mm_q5_k(w, desc, A, t0, t1, g0, g1, out, ot, add):
-    k1, k4, nblk = QK.q5_k_t1, QK.q5_k_t4, desc[3] // 256
-    _drive(k1, k4, w, desc[1], nblk, 2880, g0, g1, A, t0, t1, out, ot, add)
-
-
-@njit(cache=True)
-def mm_q6_k(w, desc, A, t0, t1, g0, g1, out, ot, add):
-    nblk = desc[3] // 256
-    if t1 - t0 >= TILED_MIN_TOKENS:  # llama.cpp's tiled K-quant matmul (see module doc)
-        k1, k4 = QK.q6_k_tiled_t1, QK.q6_k_tiled_t4
-        _drive(k1, k4, w, desc[1], nblk, 3360, g0, g1, A, t0, t1, out, ot, add)
-    else:
-        k1, k2 = QK.q6_k_l1, QK.q6_k_l2
-        _drive_lanes(
-            QL.zero, QL.fin, k1, k2, w, desc[1], nblk, 3360, g0, g1, A, t0, t1, out, ot, add
-        )
-
-
-@njit(cache=True)
-def mm_iq4_xs(w, desc, A, t0, t1, g0, g1, out, ot, add):
-    k1, k4, nblk = QK.iq4_xs_t1, QK.iq4_xs_t4, desc[3] // 256
-    _drive(k1, k4, w, desc[1], nblk, 2208, g0, g1, A, t0, t1, out, ot, add)
-
-
-@njit(cache=True)
-def mm_f32(w, desc, A, t0, t1, g0, g1, out, ot, add):
-    k1, k4, nblk = QF.f32_t1, QF.f32_t4, desc[3] // 16
-    _drive(k1, k4, w, desc[1], nblk, 1024, g0, g1, A, t0, t1, out, ot, add)
-
-
-@njit(cache=True)
-def mm_f16(w, desc, A, t0, t1, g0, g1, out, ot, add):
-    k1, k4, nblk = QF.f16_t1, QF.f16_t4, desc[3] // 16
-    _drive(k1, k4, w, desc[1], nblk, 512, g0, g1, A, t0, t1, out, ot, add)
-
-
-@njit(cache=True)
-def mm_bf16(w, desc, A, t0, t1, g0, g1, out, ot, add):
-    k1, k4, nblk = QF.bf16_t1, QF.bf16_t4, desc[3] // 16
-    _drive(k1, k4, w, desc[1], nblk, 512, g0, g1, A, t0, t1, out, ot, add)
-
-
-KERNELS = {
-    GGMLType.Q4_0: mm_q4_0,
-    GGMLType.Q4_1: mm_q4_1,
-    GGMLType.Q5_0: mm_q5_0,
-    GGMLType.Q5_1: mm_q5_1,
-    GGMLType.Q8_0: mm_q8_0,
-    GGMLType.IQ4_NL: mm_iq4_nl,
-    GGMLType.Q2_K: mm_q2_k,
-    GGMLType.Q3_K: mm_q3_k,
-    GGMLType.Q4_K: mm_q4_k,
-    GGMLType.Q5_K: mm_q5_k,
-    GGMLType.Q6_K: mm_q6_k,
-    GGMLType.IQ4_XS: mm_iq4_xs,
-    GGMLType.F32: mm_f32,
-    GGMLType.F16: mm_f16,
-    GGMLType.BF16: mm_bf16,
-}
-
-
 class FormatSet:
     """The weight formats a model uses; passed to compiled code, where its numba type (which
     carries the set) selects the format kernels at compile time -- a model compiles only its
@@ -296,12 +99,11 @@ class FormatSet:
     def __init__(self, types_) -> None:
         mask = 0
         for t in types_:
-            layout(t)  # raises a clear error for an unsupported type
-            mask |= 1 << int(t)
+            mask |= 1 << traits.get(t).id  # a clear error for an unsupported type
         self.mask = mask
 
     def __repr__(self) -> str:
-        names = [t.name for t in GGMLType if self.mask >> int(t) & 1]
+        names = [tr.type.name for tr in traits.all_traits() if self.mask >> tr.id & 1]
         return f"FormatSet({', '.join(names)})"
 
 
@@ -366,7 +168,7 @@ def _matmul_sel_ov(fset, w, desc, A, t0, t1, g0, g1, out, ot, add):
     m = fset.mask
     chain = _CHAINS.get(m)
     if chain is None:
-        entries = [(int(t), fn) for t, fn in KERNELS.items() if m >> int(t) & 1]
+        entries = [(tr.id, tr.matmul) for tr in traits.all_traits() if m >> tr.id & 1]
         chain = _CHAINS[m] = _chain(entries)
 
     def impl(fset, w, desc, A, t0, t1, g0, g1, out, ot, add):
@@ -385,7 +187,7 @@ def matmul(fset, w, desc, A, t0, t1, g0, g1, out, ot, add):
 # ----------------------------------------------------------------------------- numpy twin
 def act_numpy(x: np.ndarray, t: GGMLType | int) -> np.ndarray:
     """The activation a weight of type ``t`` sees, dequantized to float64 ([n, k])."""
-    kind = layout(t).act
+    kind = traits.get(t).act
     if kind == ACT_Q8:
         q, d, _, _ = quantize_q8_numpy(x)
         return (q.reshape(len(x), -1, 32) * d[..., None].astype(np.float64)).reshape(x.shape)
@@ -398,10 +200,12 @@ def act_numpy(x: np.ndarray, t: GGMLType | int) -> np.ndarray:
 
 
 def block_mins(packed: np.ndarray, t: GGMLType | int, nrows: int, ncols: int):
-    """Per-block mins ``[nrows, ncols/32]`` of Q4_1 / Q5_1 weights (None for other types)."""
-    if GGMLType(t) not in (GGMLType.Q4_1, GGMLType.Q5_1):
+    """Per-block mins ``[nrows, ncols/32]`` of the formats with one (Q4_1 / Q5_1: the record's
+    ``block_min``), None for the others."""
+    field = traits.get(t).block_min
+    if field is None:
         return None
-    f = unpack_fields(packed, t, nrows, ncols)["f2"]
+    f = unpack_fields(packed, t, nrows, ncols)[field]
     return np.ascontiguousarray(f).view(np.float16)[..., 0].astype(np.float64)
 
 
@@ -423,7 +227,7 @@ def matmul_numpy(
     if wf is None:
         wf = dequantize_repacked_numpy(packed, t, nrows, ncols)
     y = act_numpy(x, t) @ wf.T.astype(np.float64)
-    if GGMLType(t) in (GGMLType.Q4_1, GGMLType.Q5_1):
+    if traits.get(t).block_min is not None:
         if mins is None:
             mins = block_mins(packed, t, nrows, ncols)
         _, xd, xs, xb = quantize_q8_numpy(x)

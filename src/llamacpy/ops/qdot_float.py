@@ -4,13 +4,28 @@ A repacked "block" is 16 weights of 16 rows stored ``[k][row]``: one vector per 
 index ``k``, multiplied by the broadcast activation ``xf[t, 16b + k]`` (which the caller has
 rounded to f16 / bf16 precision for F16 / BF16 weights, as ggml converts activations to the
 weight's type before its dot products). Same contract as :mod:`.qdot_legacy`.
+
+The formats' matmul kernels, row decoders and traits records (:mod:`.traits`) close the file.
 """
 
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
 
-from ..simd import vfma, vload_bf16, vload_f16, vload_f32, vsplat_f32
+from ..gguf.constants import GGMLType
+from ..simd import (
+    bits_to_f32,
+    load_f16,
+    load_f32,
+    vfma,
+    vload_bf16,
+    vload_f16,
+    vload_f32,
+    vsplat_f32,
+)
+from .drive import drive
+from .traits import ACT_BF16, ACT_F16, ACT_F32, FormatTraits, Layout, T, register
 
 
 @njit(cache=True, inline="always")
@@ -71,3 +86,63 @@ def bf16_t1(w, o, A, t, b, acc):
 @njit(cache=True, inline="always")
 def bf16_t4(w, o, A, t, b, a0, a1, a2, a3):
     return _f_t4(w, o, A, t, b, a0, a1, a2, a3, 3)
+
+
+# ----------------------------------------------------------------------------- the formats
+# A float "block" is 16 weights; a group block holds them as [k][row] elements of ``e`` bytes.
+_QK = 16
+LAYOUT_F32 = Layout.of(GGMLType.F32, _QK, ACT_F32, (T, 0, 4 * _QK, 4))
+LAYOUT_F16 = Layout.of(GGMLType.F16, _QK, ACT_F16, (T, 0, 2 * _QK, 2))
+LAYOUT_BF16 = Layout.of(GGMLType.BF16, _QK, ACT_BF16, (T, 0, 2 * _QK, 2))
+_F32_BB, _F16_BB = LAYOUT_F32.dst_bytes, LAYOUT_F16.dst_bytes
+_BF16_BB = LAYOUT_BF16.dst_bytes
+
+
+@njit(cache=True)
+def mm_f32(w, desc, A, t0, t1, g0, g1, out, ot, add):
+    drive(f32_t1, f32_t4, w, desc[1], desc[3] // _QK, _F32_BB, g0, g1, A, t0, t1, out, ot, add)
+
+
+@njit(cache=True)
+def mm_f16(w, desc, A, t0, t1, g0, g1, out, ot, add):
+    drive(f16_t1, f16_t4, w, desc[1], desc[3] // _QK, _F16_BB, g0, g1, A, t0, t1, out, ot, add)
+
+
+@njit(cache=True)
+def mm_bf16(w, desc, A, t0, t1, g0, g1, out, ot, add):
+    k1, k4 = bf16_t1, bf16_t4
+    drive(k1, k4, w, desc[1], desc[3] // _QK, _BF16_BB, g0, g1, A, t0, t1, out, ot, add)
+
+
+@njit(cache=True, inline="always")
+def row_f32(w, o, r, out, y0):
+    """Row ``r`` of the group block at ``w[o:]`` -> ``out[y0:y0+16]`` (rows are lanes)."""
+    for k in range(_QK):
+        out[y0 + k] = load_f32(w, o + (k * 16 + r) * 4)
+
+
+@njit(cache=True, inline="always")
+def row_f16(w, o, r, out, y0):
+    for k in range(_QK):
+        out[y0 + k] = load_f16(w, o + (k * 16 + r) * 2)
+
+
+@njit(cache=True, inline="always")
+def row_bf16(w, o, r, out, y0):
+    for k in range(_QK):
+        i = o + (k * 16 + r) * 2
+        out[y0 + k] = bits_to_f32((np.int64(w[i]) | (np.int64(w[i + 1]) << 8)) << 16)
+
+
+def _floats_numpy(f: dict, dtype) -> np.ndarray:
+    return np.ascontiguousarray(f["f0"]).view(dtype).astype(np.float32)
+
+
+def _bf16_numpy(f: dict) -> np.ndarray:
+    bits = np.ascontiguousarray(f["f0"]).view(np.uint16).astype(np.uint32) << 16
+    return bits.view(np.float32)
+
+
+register(FormatTraits(LAYOUT_F32, mm_f32, row_f32, lambda f: _floats_numpy(f, np.float32)))
+register(FormatTraits(LAYOUT_F16, mm_f16, row_f16, lambda f: _floats_numpy(f, np.float16)))
+register(FormatTraits(LAYOUT_BF16, mm_bf16, row_bf16, _bf16_numpy))

@@ -11,12 +11,17 @@ llama.cpp's on x86: Q4_K as its repacked ``q4_K_8x8`` kernels (products and min 
 two accumulators, ``acc - acc_min`` at the end: ``zero_pair``/``fin_pair``), and Q6_K as
 ``vec_dot_q6_K`` (8 lane accumulators, lane ``j`` = elements ``4j..4j+3`` of every 32, with
 ``hsum_float_8``: ``q6_k_l1``/``q6_k_l2`` over :mod:`.qdot_legacy`'s ``zero``/``fin``).
+
+The formats' layouts, matmul kernels, row decoders, numpy twins and traits records
+(:mod:`.traits`) close the file.
 """
 
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
 
+from ..gguf.constants import GGMLType
 from ..simd import (
     vand_k,
     vbcast4,
@@ -35,7 +40,34 @@ from ..simd import (
     vzero_f32,
     vzero_i32,
 )
-from .qdot_legacy import IQ4NL_TABLE, _nib
+from .drive import drive, drive_acc, drive_lanes
+from .qdot_legacy import (
+    IQ4NL_TABLE,
+    KVALUES_IQ4NL,
+    _nib,
+    chunk_byte,
+    f16_at,
+    f16_np,
+    fin,
+    nibbles_np,
+    zero,
+)
+from .traits import (
+    ACT_Q8K,
+    CHUNK4,
+    IQ4XSSC,
+    K4SC,
+    Q3SC,
+    ROWS,
+    FormatTraits,
+    Layout,
+    T,
+    register,
+)
+
+# llama.cpp multiplies K-quant weights it does not repack (Q6_K on x86) with its tiled kernels
+# when the matmul has at least this many tokens, and with vec_dot below (ggml_tiled_min_batch)
+TILED_MIN_TOKENS = 8
 
 _M4 = 0x0F0F0F0F
 _M2 = 0x03030303
@@ -511,3 +543,267 @@ def iq4_xs_t4(w, o, A, t, b, a0, a1, a2, a3):
     a2 = _fin(a2, w, o, A, t + 2, b, t2)
     a3 = _fin(a3, w, o, A, t + 3, b, t3)
     return a0, a1, a2, a3
+
+
+# ----------------------------------------------------------------------------- the formats
+# Super-blocks of 256: f16 d (and dmin) per row, sub-block scales (K4SC / Q3SC / IQ4XSSC:
+# unpacked to a byte each), quants as 4-byte chunks.
+_QK = 256
+LAYOUT_Q2_K = Layout.of(
+    GGMLType.Q2_K, _QK, ACT_Q8K, (ROWS, 80, 2), (ROWS, 82, 2), (T, 0, 16, 1), (CHUNK4, 16, 64)
+)
+LAYOUT_Q3_K = Layout.of(
+    GGMLType.Q3_K, _QK, ACT_Q8K, (ROWS, 108, 2), (Q3SC, 96, 12), (CHUNK4, 0, 32), (CHUNK4, 32, 64)
+)
+LAYOUT_Q4_K = Layout.of(
+    GGMLType.Q4_K, _QK, ACT_Q8K, (ROWS, 0, 2), (ROWS, 2, 2), (K4SC, 4, 12), (CHUNK4, 16, 128)
+)
+LAYOUT_Q5_K = Layout.of(
+    GGMLType.Q5_K,
+    _QK,
+    ACT_Q8K,
+    (ROWS, 0, 2),
+    (ROWS, 2, 2),
+    (K4SC, 4, 12),
+    (CHUNK4, 16, 32),
+    (CHUNK4, 48, 128),
+)
+LAYOUT_Q6_K = Layout.of(
+    GGMLType.Q6_K,
+    _QK,
+    ACT_Q8K,
+    (ROWS, 208, 2),
+    (T, 192, 16, 1),
+    (CHUNK4, 0, 128),
+    (CHUNK4, 128, 64),
+)
+LAYOUT_IQ4_XS = Layout.of(
+    GGMLType.IQ4_XS, _QK, ACT_Q8K, (ROWS, 0, 2), (IQ4XSSC, 2, 6), (CHUNK4, 8, 128)
+)
+_BB_Q2_K, _BB_Q3_K = LAYOUT_Q2_K.dst_bytes, LAYOUT_Q3_K.dst_bytes
+_BB_Q4_K, _BB_Q5_K = LAYOUT_Q4_K.dst_bytes, LAYOUT_Q5_K.dst_bytes
+_BB_Q6_K, _BB_IQ4_XS = LAYOUT_Q6_K.dst_bytes, LAYOUT_IQ4_XS.dst_bytes
+
+
+@njit(cache=True)
+def mm_q2_k(w, desc, A, t0, t1, g0, g1, out, ot, add):
+    nblk = desc[3] // _QK
+    drive(q2_k_t1, q2_k_t4, w, desc[1], nblk, _BB_Q2_K, g0, g1, A, t0, t1, out, ot, add)
+
+
+@njit(cache=True)
+def mm_q3_k(w, desc, A, t0, t1, g0, g1, out, ot, add):
+    nblk = desc[3] // _QK
+    drive(q3_k_t1, q3_k_t4, w, desc[1], nblk, _BB_Q3_K, g0, g1, A, t0, t1, out, ot, add)
+
+
+@njit(cache=True)
+def mm_q4_k(w, desc, A, t0, t1, g0, g1, out, ot, add):
+    nblk, k1, k4, z, f = desc[3] // _QK, q4_k_t1, q4_k_t4, zero_pair, fin_pair
+    drive_acc(z, f, k1, k4, w, desc[1], nblk, _BB_Q4_K, g0, g1, A, t0, t1, out, ot, add)
+
+
+@njit(cache=True)
+def mm_q5_k(w, desc, A, t0, t1, g0, g1, out, ot, add):
+    nblk = desc[3] // _QK
+    drive(q5_k_t1, q5_k_t4, w, desc[1], nblk, _BB_Q5_K, g0, g1, A, t0, t1, out, ot, add)
+
+
+@njit(cache=True)
+def mm_q6_k(w, desc, A, t0, t1, g0, g1, out, ot, add):
+    nblk, bb = desc[3] // _QK, _BB_Q6_K
+    if t1 - t0 >= TILED_MIN_TOKENS:  # llama.cpp's tiled K-quant matmul (see above)
+        k1, k4 = q6_k_tiled_t1, q6_k_tiled_t4
+        drive(k1, k4, w, desc[1], nblk, bb, g0, g1, A, t0, t1, out, ot, add)
+    else:
+        k1, k2 = q6_k_l1, q6_k_l2
+        drive_lanes(zero, fin, k1, k2, w, desc[1], nblk, bb, g0, g1, A, t0, t1, out, ot, add)
+
+
+@njit(cache=True)
+def mm_iq4_xs(w, desc, A, t0, t1, g0, g1, out, ot, add):
+    nblk = desc[3] // _QK
+    drive(iq4_xs_t1, iq4_xs_t4, w, desc[1], nblk, _BB_IQ4_XS, g0, g1, A, t0, t1, out, ot, add)
+
+
+# --- row decoders: row ``r`` of the group block at ``w[o:]`` -> ``out[y0:y0+256]``
+@njit(cache=True, inline="always")
+def row_q2_k(w, o, r, out, y0):
+    d, dmin = f16_at(w, o, r), f16_at(w, o + 32, r)
+    for n in range(2):
+        for j in range(4):
+            for h in range(2):
+                s = np.int64(w[o + 64 + (8 * n + 2 * j + h) * 16 + r])
+                dl = d * np.float32(s & 0xF)
+                ml = dmin * np.float32(s >> 4)
+                for l in range(16):
+                    q = (chunk_byte(w, o + 320, r, 32 * n + 16 * h + l) >> (2 * j)) & 3
+                    out[y0 + 128 * n + 32 * j + 16 * h + l] = dl * np.float32(q) - ml
+
+
+@njit(cache=True, inline="always")
+def row_q3_k(w, o, r, out, y0):
+    d = f16_at(w, o, r)
+    for n in range(2):
+        for j in range(4):
+            for h in range(2):
+                s = np.int64(np.int8(w[o + 32 + (8 * n + 2 * j + h) * 16 + r]))
+                dl = d * np.float32(s)
+                for l in range(16):
+                    i = 16 * h + l
+                    q = (chunk_byte(w, o + 800, r, 32 * n + i) >> (2 * j)) & 3
+                    hb = (chunk_byte(w, o + 288, r, i) >> (4 * n + j)) & 1
+                    out[y0 + 128 * n + 32 * j + i] = dl * np.float32(q - (0 if hb else 4))
+
+
+@njit(cache=True, inline="always")
+def _row_k45(q5, w, o, r, out, y0):
+    d, dmin = f16_at(w, o, r), f16_at(w, o + 32, r)
+    qo = o + (832 if q5 else 320)
+    for j in range(4):
+        for h in range(2):
+            sc = np.int64(w[o + 64 + (2 * j + h) * 16 + r])
+            mn = np.int64(w[o + 192 + (2 * j + h) * 16 + r])
+            dl = d * np.float32(sc)
+            ml = dmin * np.float32(mn)
+            for l in range(32):
+                q = (chunk_byte(w, qo, r, 32 * j + l) >> (4 * h)) & 0xF
+                if q5:
+                    q += ((chunk_byte(w, o + 320, r, l) >> (2 * j + h)) & 1) * 16
+                out[y0 + 64 * j + 32 * h + l] = dl * np.float32(q) - ml
+
+
+@njit(cache=True, inline="always")
+def row_q4_k(w, o, r, out, y0):
+    _row_k45(False, w, o, r, out, y0)
+
+
+@njit(cache=True, inline="always")
+def row_q5_k(w, o, r, out, y0):
+    _row_k45(True, w, o, r, out, y0)
+
+
+@njit(cache=True, inline="always")
+def row_q6_k(w, o, r, out, y0):
+    d = f16_at(w, o, r)
+    for n in range(2):
+        for l in range(32):
+            a = chunk_byte(w, o + 288, r, 64 * n + l)
+            b = chunk_byte(w, o + 288, r, 64 * n + 32 + l)
+            h = chunk_byte(w, o + 2336, r, 32 * n + l)
+            qs = (
+                (a & 0xF) | ((h & 3) << 4),
+                (b & 0xF) | (((h >> 2) & 3) << 4),
+                (a >> 4) | (((h >> 4) & 3) << 4),
+                (b >> 4) | (((h >> 6) & 3) << 4),
+            )
+            for k in range(4):
+                s = np.int64(np.int8(w[o + 32 + (8 * n + 2 * k + l // 16) * 16 + r]))
+                out[y0 + 128 * n + 32 * k + l] = d * np.float32(s) * np.float32(qs[k] - 32)
+
+
+@njit(cache=True, inline="always")
+def row_iq4_xs(w, o, r, out, y0):
+    d = f16_at(w, o, r)
+    for ib in range(8):
+        s = np.int64(np.int8(w[o + 32 + ib * 16 + r]))
+        dl = d * np.float32(s)
+        for j in range(16):
+            q = chunk_byte(w, o + 160, r, 16 * ib + j)
+            out[y0 + 32 * ib + j] = dl * np.float32(KVALUES_IQ4NL[q & 0xF])
+            out[y0 + 32 * ib + j + 16] = dl * np.float32(KVALUES_IQ4NL[q >> 4])
+
+
+# --- numpy twins: fields of .formats.unpack_fields -> float32 [rows, blocks, 256]
+def q2_k_numpy(f: dict) -> np.ndarray:
+    d, dmin = f16_np(f["f80"])[..., None], f16_np(f["f82"])[..., None]
+    sc = f["f0"].astype(np.int64)  # [r, b, 16]
+    qs = f["f16"].astype(np.int64).reshape(*sc.shape[:2], 2, 32)  # two halves of 32 bytes
+    out = np.empty((*sc.shape[:2], 2, 4, 2, 16), np.float32)
+    for j in range(4):
+        v = (qs >> (2 * j)) & 3
+        for h in range(2):  # which 16 bytes of the half
+            idx = np.arange(2) * 8 + 2 * j + h  # sub-block of each half
+            dl = d * (sc[..., idx] & 0xF).astype(np.float32)
+            ml = dmin * (sc[..., idx] >> 4).astype(np.float32)
+            out[..., j, h, :] = dl[..., None] * v[..., h * 16 : (h + 1) * 16] - ml[..., None]
+    return out.reshape(*sc.shape[:2], 256)
+
+
+def q3_k_numpy(f: dict) -> np.ndarray:
+    d = f16_np(f["f108"])[..., None]
+    sc = f["sc"]  # [r, b, 16] signed
+    hm = f["f0"].astype(np.int64)  # [r, b, 32]
+    qs = f["f32"].astype(np.int64).reshape(*sc.shape[:2], 2, 32)
+    out = np.empty((*sc.shape[:2], 2, 4, 2, 16), np.float32)
+    for n in range(2):
+        for j in range(4):
+            low = (qs[..., n, :] >> (2 * j)) & 3
+            high = (hm >> (4 * n + j)) & 1
+            v = low - np.where(high == 1, 0, 4)
+            for h in range(2):
+                dl = d[..., 0] * sc[..., 8 * n + 2 * j + h].astype(np.float32)
+                out[..., n, j, h, :] = dl[..., None] * v[..., h * 16 : (h + 1) * 16]
+    return out.reshape(*sc.shape[:2], 256)
+
+
+def _k45_numpy(f: dict, q5: bool) -> np.ndarray:
+    d, dmin = f16_np(f["f0"]), f16_np(f["f2"])
+    sc, mn = f["sc"], f["mn"]
+    q = f["f48" if q5 else "f16"].astype(np.int64).reshape(*sc.shape[:2], 4, 32)
+    out = np.empty((*sc.shape[:2], 4, 2, 32), np.float32)
+    for j in range(4):
+        for h in range(2):
+            v = (q[..., j, :] >> (4 * h)) & 0xF
+            if q5:
+                v = v + ((f["f16"].astype(np.int64) >> (2 * j + h)) & 1) * 16
+            dl = d * sc[..., 2 * j + h].astype(np.float32)
+            ml = dmin * mn[..., 2 * j + h].astype(np.float32)
+            out[..., j, h, :] = dl[..., None] * v - ml[..., None]
+    return out.reshape(*sc.shape[:2], 256)
+
+
+def q4_k_numpy(f: dict) -> np.ndarray:
+    return _k45_numpy(f, False)
+
+
+def q5_k_numpy(f: dict) -> np.ndarray:
+    return _k45_numpy(f, True)
+
+
+def q6_k_numpy(f: dict) -> np.ndarray:
+    d = f16_np(f["f208"])
+    sc = f["f192"].view(np.int8).astype(np.int64)  # [r, b, 16]
+    ql = f["f0"].astype(np.int64).reshape(*sc.shape[:2], 2, 64)
+    qh = f["f128"].astype(np.int64).reshape(*sc.shape[:2], 2, 32)
+    out = np.empty((*sc.shape[:2], 2, 4, 32), np.float32)
+    for n in range(2):
+        a, b, h = ql[..., n, :32], ql[..., n, 32:], qh[..., n, :]
+        quads = (
+            (a & 0xF) | ((h & 3) << 4),
+            (b & 0xF) | (((h >> 2) & 3) << 4),
+            (a >> 4) | (((h >> 4) & 3) << 4),
+            (b >> 4) | (((h >> 6) & 3) << 4),
+        )
+        for k, v in enumerate(quads):
+            s = sc[..., 8 * n + 2 * k : 8 * n + 2 * k + 2].astype(np.float32)  # two 16-blocks
+            dl = np.repeat(d[..., None] * s, 16, axis=-1)
+            out[..., n, k, :] = dl * (v - 32).astype(np.float32)
+    return out.reshape(*sc.shape[:2], 256)
+
+
+def iq4_xs_numpy(f: dict) -> np.ndarray:
+    d = f16_np(f["f0"])
+    sc = f["sc"]  # [r, b, 8] signed (ls - 32)
+    lo, hi = nibbles_np(f["f8"].reshape(*sc.shape[:2], 8, 16))
+    q = np.concatenate([lo, hi], axis=-1)  # [r, b, 8, 32]
+    dl = d[..., None] * sc.astype(np.float32)
+    return (dl[..., None] * KVALUES_IQ4NL[q].astype(np.float32)).reshape(*sc.shape[:2], 256)
+
+
+register(FormatTraits(LAYOUT_Q2_K, mm_q2_k, row_q2_k, q2_k_numpy))
+register(FormatTraits(LAYOUT_Q3_K, mm_q3_k, row_q3_k, q3_k_numpy))
+register(FormatTraits(LAYOUT_Q4_K, mm_q4_k, row_q4_k, q4_k_numpy))
+register(FormatTraits(LAYOUT_Q5_K, mm_q5_k, row_q5_k, q5_k_numpy))
+register(FormatTraits(LAYOUT_Q6_K, mm_q6_k, row_q6_k, q6_k_numpy))
+register(FormatTraits(LAYOUT_IQ4_XS, mm_iq4_xs, row_iq4_xs, iq4_xs_numpy))

@@ -18,6 +18,9 @@ times token ``t``'s block ``b`` (of ``nb``); ``<fmt>_t2`` does tokens ``t`` and 
 decoding the weights once; ``zero()``/``fin(acc)`` (IQ4_NL: ``zero18``/``fin18``) start and
 finish an accumulator. ``A`` is the activation
 tuple ``(xq, xd, xs, xb, xqk, xdk, xbk, xf)`` of :mod:`.quantize_act`.
+
+The formats' layouts, matmul kernels, row decoders, numpy twins and traits records
+(:mod:`.traits`) close the file.
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ..gguf.constants import GGMLType
 from ..simd import (
+    f16_to_f32,
     vand_k,
     vbcast4,
     vcvt,
@@ -40,13 +45,28 @@ from ..simd import (
     vsrl,
     vzero_f32,
 )
-from .dequant import KVALUES_IQ4NL
+from .drive import drive_lanes
+from .traits import ACT_Q8, CHUNK4, Q5HB, ROWS, XOR80, FormatTraits, Layout, register
 
+KVALUES_IQ4NL = np.array(
+    [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8
+)
 _M4 = 0x0F0F0F0F
 # IQ4_NL values + 128 as unsigned bytes, the 16-byte table repeated in each 128-bit lane
 IQ4NL_TABLE = np.tile((KVALUES_IQ4NL.astype(np.int16) + 128).astype(np.uint8), 4)
 
-Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL = 2, 3, 6, 7, 8, 20
+# format selectors of the shared kernels below (the ggml type ids)
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL = (
+    int(t)
+    for t in (
+        GGMLType.Q4_0,
+        GGMLType.Q4_1,
+        GGMLType.Q5_0,
+        GGMLType.Q5_1,
+        GGMLType.Q8_0,
+        GGMLType.IQ4_NL,
+    )
+)
 
 
 @njit(cache=True, inline="always")
@@ -339,3 +359,199 @@ def iq4_nl_t1(w, o, A, t, b, nb, a):
 @njit(cache=True, inline="always")
 def iq4_nl_t2(w, o, A, t, b, nb, a, c):
     return iq4_nl_t1(w, o, A, t, b, nb, a), iq4_nl_t1(w, o, A, t + 1, b, nb, c)
+
+
+# ----------------------------------------------------------------------------- the formats
+# Group block fields (see .formats): the f16 scale d of each row, the f16 min m (Q4_1, Q5_1),
+# the high bits (Q5), the quants as 4-byte chunks (Q8_0 and IQ4_NL: +128, unsigned).
+LAYOUT_Q4_0 = Layout.of(GGMLType.Q4_0, 32, ACT_Q8, (ROWS, 0, 2), (CHUNK4, 2, 16))
+LAYOUT_Q4_1 = Layout.of(GGMLType.Q4_1, 32, ACT_Q8, (ROWS, 0, 2), (ROWS, 2, 2), (CHUNK4, 4, 16))
+LAYOUT_Q5_0 = Layout.of(GGMLType.Q5_0, 32, ACT_Q8, (ROWS, 0, 2), (Q5HB, 2, 4), (CHUNK4, 6, 16))
+LAYOUT_Q5_1 = Layout.of(
+    GGMLType.Q5_1, 32, ACT_Q8, (ROWS, 0, 2), (ROWS, 2, 2), (Q5HB, 4, 4), (CHUNK4, 8, 16)
+)
+LAYOUT_Q8_0 = Layout.of(GGMLType.Q8_0, 32, ACT_Q8, (ROWS, 0, 2), (XOR80, 2, 32))
+LAYOUT_IQ4_NL = Layout.of(GGMLType.IQ4_NL, 32, ACT_Q8, (ROWS, 0, 2), (CHUNK4, 2, 16))
+_QK = 32
+_BB_Q4_0, _BB_Q4_1 = LAYOUT_Q4_0.dst_bytes, LAYOUT_Q4_1.dst_bytes
+_BB_Q5_0, _BB_Q5_1 = LAYOUT_Q5_0.dst_bytes, LAYOUT_Q5_1.dst_bytes
+_BB_Q8_0, _BB_IQ4_NL = LAYOUT_Q8_0.dst_bytes, LAYOUT_IQ4_NL.dst_bytes
+
+
+@njit(cache=True)
+def mm_q4_0(w, desc, A, t0, t1, g0, g1, out, ot, add):
+    nblk, k1, k2 = desc[3] // _QK, q4_0_t1, q4_0_t2
+    drive_lanes(zero, fin, k1, k2, w, desc[1], nblk, _BB_Q4_0, g0, g1, A, t0, t1, out, ot, add)
+
+
+@njit(cache=True)
+def mm_q4_1(w, desc, A, t0, t1, g0, g1, out, ot, add):
+    nblk, k1, k2 = desc[3] // _QK, q4_1_t1, q4_1_t2
+    drive_lanes(zero, fin, k1, k2, w, desc[1], nblk, _BB_Q4_1, g0, g1, A, t0, t1, out, ot, add)
+
+
+@njit(cache=True)
+def mm_q5_0(w, desc, A, t0, t1, g0, g1, out, ot, add):
+    nblk, k1, k2 = desc[3] // _QK, q5_0_t1, q5_0_t2
+    drive_lanes(zero, fin, k1, k2, w, desc[1], nblk, _BB_Q5_0, g0, g1, A, t0, t1, out, ot, add)
+
+
+@njit(cache=True)
+def mm_q5_1(w, desc, A, t0, t1, g0, g1, out, ot, add):
+    nblk, k1, k2 = desc[3] // _QK, q5_1_t1, q5_1_t2
+    drive_lanes(zero, fin, k1, k2, w, desc[1], nblk, _BB_Q5_1, g0, g1, A, t0, t1, out, ot, add)
+
+
+@njit(cache=True)
+def mm_q8_0(w, desc, A, t0, t1, g0, g1, out, ot, add):
+    nblk, k1, k2 = desc[3] // _QK, q8_0_t1, q8_0_t2
+    drive_lanes(zero, fin, k1, k2, w, desc[1], nblk, _BB_Q8_0, g0, g1, A, t0, t1, out, ot, add)
+
+
+@njit(cache=True)
+def mm_iq4_nl(w, desc, A, t0, t1, g0, g1, out, ot, add):
+    nblk, k1, k2, bb = desc[3] // _QK, iq4_nl_t1, iq4_nl_t2, _BB_IQ4_NL
+    drive_lanes(zero18, fin18, k1, k2, w, desc[1], nblk, bb, g0, g1, A, t0, t1, out, ot, add)
+
+
+# --- row decoders: row ``r`` of the group block at ``w[o:]`` -> ``out[y0:y0+32]``
+@njit(cache=True, inline="always")
+def chunk_byte(w, o, r, i):
+    """Byte ``i`` of row ``r`` in a CHUNK4 field starting at ``w[o]``."""
+    return np.int64(w[o + ((i // 4) * 16 + r) * 4 + i % 4])
+
+
+@njit(cache=True, inline="always")
+def f16_at(w, o, r):
+    """Row ``r``'s f16 value of a ROWS field of 2 bytes at ``w[o]``."""
+    return f16_to_f32(np.int64(w[o + 2 * r]) | (np.int64(w[o + 2 * r + 1]) << 8))
+
+
+@njit(cache=True, inline="always")
+def _row_nibbles(fmt, w, o, r, out, y0):
+    d = f16_at(w, o, r)
+    qo = o + (64 if fmt == Q4_1 else 32)
+    for j in range(16):
+        q = chunk_byte(w, qo, r, j)
+        lo, hi = q & 0xF, q >> 4
+        if fmt == Q4_0:
+            out[y0 + j] = np.float32(lo - 8) * d
+            out[y0 + j + 16] = np.float32(hi - 8) * d
+        elif fmt == IQ4_NL:
+            out[y0 + j] = np.float32(KVALUES_IQ4NL[lo]) * d
+            out[y0 + j + 16] = np.float32(KVALUES_IQ4NL[hi]) * d
+        else:
+            m = f16_at(w, o + 32, r)
+            out[y0 + j] = np.float32(lo) * d + m
+            out[y0 + j + 16] = np.float32(hi) * d + m
+
+
+@njit(cache=True, inline="always")
+def _row_q5(fmt, w, o, r, out, y0):
+    d = f16_at(w, o, r)
+    hbo = o + (32 if fmt == Q5_0 else 64)
+    qo = o + (96 if fmt == Q5_0 else 128)
+    for j in range(16):
+        q = chunk_byte(w, qo, r, j)
+        hb = np.int64(w[hbo + r * 4 + j % 4])
+        c = j // 4
+        lo = (q & 0xF) | (((hb >> (2 * c)) & 1) << 4)
+        hi = (q >> 4) | (((hb >> (2 * c + 1)) & 1) << 4)
+        if fmt == Q5_0:
+            out[y0 + j] = np.float32(lo - 16) * d
+            out[y0 + j + 16] = np.float32(hi - 16) * d
+        else:
+            m = f16_at(w, o + 32, r)
+            out[y0 + j] = np.float32(lo) * d + m
+            out[y0 + j + 16] = np.float32(hi) * d + m
+
+
+@njit(cache=True, inline="always")
+def row_q4_0(w, o, r, out, y0):
+    _row_nibbles(Q4_0, w, o, r, out, y0)
+
+
+@njit(cache=True, inline="always")
+def row_q4_1(w, o, r, out, y0):
+    _row_nibbles(Q4_1, w, o, r, out, y0)
+
+
+@njit(cache=True, inline="always")
+def row_iq4_nl(w, o, r, out, y0):
+    _row_nibbles(IQ4_NL, w, o, r, out, y0)
+
+
+@njit(cache=True, inline="always")
+def row_q5_0(w, o, r, out, y0):
+    _row_q5(Q5_0, w, o, r, out, y0)
+
+
+@njit(cache=True, inline="always")
+def row_q5_1(w, o, r, out, y0):
+    _row_q5(Q5_1, w, o, r, out, y0)
+
+
+@njit(cache=True, inline="always")
+def row_q8_0(w, o, r, out, y0):
+    d = f16_at(w, o, r)
+    for j in range(32):
+        q = chunk_byte(w, o + 32, r, j) ^ 0x80  # stored xored with 0x80 (unsigned)
+        out[y0 + j] = np.float32(q - 256 if q >= 128 else q) * d
+
+
+# --- numpy twins: fields of .formats.unpack_fields -> float32 [rows, blocks, 32]
+def f16_np(b: np.ndarray) -> np.ndarray:
+    """[..., 2] bytes -> float32 [...]."""
+    return np.ascontiguousarray(b).view(np.float16)[..., 0].astype(np.float32)
+
+
+def nibbles_np(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    q = q.astype(np.int64)
+    return q & 0xF, q >> 4
+
+
+def _q4_np(f: dict, key: str) -> tuple[np.ndarray, np.ndarray]:
+    lo, hi = nibbles_np(f[key])
+    return np.concatenate([lo, hi], axis=-1), f16_np(f["f0"])[..., None]
+
+
+def _q5_np(f: dict, key: str) -> tuple[np.ndarray, np.ndarray]:
+    q, d = _q4_np(f, key)
+    return q | (f["hb"] << 4), d
+
+
+def q4_0_numpy(f: dict) -> np.ndarray:
+    q, d = _q4_np(f, "f2")
+    return (q - 8).astype(np.float32) * d
+
+
+def q4_1_numpy(f: dict) -> np.ndarray:
+    q, d = _q4_np(f, "f4")
+    return q.astype(np.float32) * d + f16_np(f["f2"])[..., None]
+
+
+def iq4_nl_numpy(f: dict) -> np.ndarray:
+    q, d = _q4_np(f, "f2")
+    return KVALUES_IQ4NL[q].astype(np.float32) * d
+
+
+def q5_0_numpy(f: dict) -> np.ndarray:
+    q, d = _q5_np(f, "f6")
+    return (q - 16).astype(np.float32) * d
+
+
+def q5_1_numpy(f: dict) -> np.ndarray:
+    q, d = _q5_np(f, "f8")
+    return q.astype(np.float32) * d + f16_np(f["f2"])[..., None]
+
+
+def q8_0_numpy(f: dict) -> np.ndarray:
+    return f["f2"].view(np.int8).astype(np.float32) * f16_np(f["f0"])[..., None]
+
+
+register(FormatTraits(LAYOUT_Q4_0, mm_q4_0, row_q4_0, q4_0_numpy))
+register(FormatTraits(LAYOUT_Q4_1, mm_q4_1, row_q4_1, q4_1_numpy, block_min="f2"))
+register(FormatTraits(LAYOUT_Q5_0, mm_q5_0, row_q5_0, q5_0_numpy))
+register(FormatTraits(LAYOUT_Q5_1, mm_q5_1, row_q5_1, q5_1_numpy, block_min="f2"))
+register(FormatTraits(LAYOUT_Q8_0, mm_q8_0, row_q8_0, q8_0_numpy))
+register(FormatTraits(LAYOUT_IQ4_NL, mm_iq4_nl, row_iq4_nl, iq4_nl_numpy))

@@ -1,0 +1,86 @@
+"""The loops a format's matmul kernel runs its block kernels in (row groups x tokens).
+
+A format's ``mm`` kernel (see :mod:`.traits`) binds its block kernels and group block size to
+one of these drivers: :func:`drive` (vector accumulators: K-quant and float formats, tokens
+4 at a time), :func:`drive_acc` (the same with the format's own accumulator start / finish),
+:func:`drive_lanes` (ggml-lane accumulators of the 32-weight formats, tokens 2 at a time,
+see :mod:`.qdot_legacy`). ``out[ot + t - t0, 16g:16g+16] (+)= W[16g:16g+16] . act(x[t])``
+for tokens ``t0..t1`` and row groups ``g0..g1``; ``bb`` bytes per group block, ``nblk``
+blocks per row.
+"""
+
+from __future__ import annotations
+
+from numba import njit
+
+from ..simd import prefetch, vload_f32, vstore_f32, vzero_f32
+
+PREFETCH = 2048  # bytes ahead of the weight block being read
+
+
+@njit(cache=True, inline="always")
+def _put(out, i, v, add):
+    if add:
+        v = v + vload_f32(out, i)
+    vstore_f32(out, i, v)
+
+
+@njit(cache=True, inline="always")
+def _same(a):
+    return a
+
+
+@njit(cache=True, inline="always")
+def drive(k1, k4, w, off, nblk, bb, g0, g1, A, t0, t1, out, ot, add):
+    """Vector accumulators (K-quant and float formats): tokens 4 at a time."""
+    drive_acc(vzero_f32, _same, k1, k4, w, off, nblk, bb, g0, g1, A, t0, t1, out, ot, add)
+
+
+@njit(cache=True, inline="always")
+def drive_acc(zero, fin, k1, k4, w, off, nblk, bb, g0, g1, A, t0, t1, out, ot, add):
+    """:func:`drive` with accumulators made by ``zero()`` and finished by ``fin(acc)``."""
+    ldo = out.shape[1]
+    for g in range(g0, g1):
+        og = off + g * nblk * bb
+        t = t0
+        while t + 4 <= t1:
+            a0 = a1 = a2 = a3 = zero()
+            for b in range(nblk):
+                a0, a1, a2, a3 = k4(w, og + b * bb, A, t, b, a0, a1, a2, a3)
+            o = (ot + t - t0) * ldo + 16 * g
+            _put(out, o, fin(a0), add)
+            _put(out, o + ldo, fin(a1), add)
+            _put(out, o + 2 * ldo, fin(a2), add)
+            _put(out, o + 3 * ldo, fin(a3), add)
+            t += 4
+        while t < t1:
+            a = zero()
+            for b in range(nblk):
+                a = k1(w, og + b * bb, A, t, b, a)
+            _put(out, (ot + t - t0) * ldo + 16 * g, fin(a), add)
+            t += 1
+
+
+@njit(cache=True, inline="always")
+def drive_lanes(zero, fin, k1, k2, w, off, nblk, bb, g0, g1, A, t0, t1, out, ot, add):
+    """ggml-lane accumulators (32-weight formats, see :mod:`.qdot_legacy`): tokens 2 at a time."""
+    ldo = out.shape[1]
+    for g in range(g0, g1):
+        og = off + g * nblk * bb
+        t = t0
+        while t + 2 <= t1:
+            a = zero()
+            c = zero()
+            for b in range(nblk):
+                a, c = k2(w, og + b * bb, A, t, b, nblk, a, c)
+            o = (ot + t - t0) * ldo + 16 * g
+            _put(out, o, fin(a), add)
+            _put(out, o + ldo, fin(c), add)
+            t += 2
+        if t < t1:
+            a = zero()
+            for b in range(nblk):
+                for i in range(0, bb, 64):
+                    prefetch(w, og + b * bb + PREFETCH + i)
+                a = k1(w, og + b * bb, A, t, b, nblk, a)
+            _put(out, (ot + t - t0) * ldo + 16 * g, fin(a), add)

@@ -1,0 +1,166 @@
+"""One traits record per weight format: everything the engine knows about a ggml type.
+
+The role of ggml's ``type_traits`` / ``type_traits_cpu``. A :class:`FormatTraits` holds
+
+* ``layout``: the block (elements ``qk``, bytes in the file), how a 16-row group of blocks
+  is repacked (fields, group block bytes: see :mod:`.formats`) and the activation kind its
+  kernels consume (``act``: q8 / q8_K / float, see :mod:`.quantize_act`);
+* ``matmul``: the compiled kernel ``mm(w, desc, A, t0, t1, g0, g1, out, ot, add)`` over
+  repacked weights (its dot-product kernels per token count are bound inside it);
+* ``row``: the compiled decoder of one row of one repacked group block
+  ``row(w, o, r, out, y0)`` (embedding lookups, the tied output head);
+* ``dequant_numpy``: the numpy twin of ``row`` over whole tensors
+  (``fields -> float32 [nrows, nblk, qk]`` from :func:`.formats.unpack_fields`);
+* ``block_min``: the field of a per-block min (Q4_1, Q5_1), for the numpy matmul twin;
+* ``quant`` (property): the :mod:`llamacpy.quants` format (quantize / dequantize of the
+  file's blocks) that the quantize tool uses.
+
+Matmul dispatch (:mod:`.matmul`), row decoding (:mod:`.dequant`), repacking
+(:mod:`.formats`) and the loaders read the record; no other engine code names a type id or a
+block size. A format's record sits next to its kernels (:mod:`.qdot_float`,
+:mod:`.qdot_legacy`, :mod:`.qdot_k`), which :func:`register` it at import. Adding a format =
+its ``quants/`` module + its kernels + its record (and its module in :data:`KERNEL_MODULES`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import ModelError
+from ..gguf.constants import GGML_BLOCK_SIZES, GGMLType
+
+# repacked field kinds (see .formats)
+ROWS, CHUNK4, XOR80, T, Q5HB, K4SC, Q3SC, IQ4XSSC = range(8)
+GROUP = 16  # rows per row group (vector lanes)
+
+# which activation a format's kernel consumes
+ACT_Q8 = 0  # int8, one f32 scale per 32 (ggml's q8_0 / q8_1)
+ACT_Q8K = 1  # int8, one f32 scale per 256, sums per 16 (ggml's q8_K)
+ACT_F32 = 2  # float32 as is
+ACT_F16 = 3  # float32 rounded to f16 precision (ggml converts activations to f16)
+ACT_BF16 = 4  # float32 rounded to bf16 precision
+
+# modules that define format kernels and register their records
+KERNEL_MODULES = ("qdot_float", "qdot_legacy", "qdot_k")
+
+
+def _field_bytes(kind: int, n: int) -> int:
+    """Bytes a field of ``n`` source bytes per row takes in a 16-row group block."""
+    if kind == Q5HB:
+        return GROUP * 4
+    if kind in (K4SC, Q3SC):
+        return GROUP * 16
+    if kind == IQ4XSSC:
+        return GROUP * 8
+    return GROUP * n
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A block and its repacked form: ``ops`` rows are (kind, src_off, nbytes, dst_off, elem)."""
+
+    type: GGMLType
+    qk: int  # elements per (virtual) block
+    src_bytes: int  # bytes per block in the GGUF file (per row)
+    dst_bytes: int  # bytes per block of a 16-row group after repacking
+    act: int
+    ops: tuple[tuple[int, int, int, int, int], ...]
+
+    @classmethod
+    def of(cls, t: GGMLType, qk: int, act: int, *fields) -> Layout:
+        """The layout of ``t`` from its fields ``(kind, src_off, nbytes[, elem])`` in
+        repacked order (destination offsets and group block size follow)."""
+        src = GGML_BLOCK_SIZES[t][1] * qk // GGML_BLOCK_SIZES[t][0]
+        ops, dst = [], 0
+        for kind, so, n, *e in fields:
+            ops.append((kind, so, n, dst, e[0] if e else 1))
+            dst += _field_bytes(kind, n)
+        return cls(GGMLType(t), qk, src, dst, act, tuple(ops))
+
+    @property
+    def ops_array(self) -> np.ndarray:
+        return np.array(self.ops, dtype=np.int64).reshape(-1, 5)
+
+
+@dataclass(frozen=True)
+class FormatTraits:
+    """What the engine knows about one weight format (see the module docstring)."""
+
+    layout: Layout
+    matmul: Any  # numba kernel
+    row: Any  # numba kernel
+    dequant_numpy: Callable[[dict], np.ndarray]
+    # the unpacked field of a per-block f16 min that ggml's dot product adds as ``m * s``
+    # (``s``: the q8_1 activation block's sum), for the numpy twin of the matmul
+    block_min: str | None = None
+
+    @property
+    def type(self) -> GGMLType:
+        return self.layout.type
+
+    @property
+    def id(self) -> int:
+        """The ggml type id (what compiled code compares a descriptor's type with)."""
+        return int(self.layout.type)
+
+    @property
+    def qk(self) -> int:
+        return self.layout.qk
+
+    @property
+    def act(self) -> int:
+        return self.layout.act
+
+    @property
+    def quant(self):
+        """The :mod:`llamacpy.quants` format of this type."""
+        from .. import quants
+
+        return quants.get(self.type)
+
+
+_TABLE: dict[GGMLType, FormatTraits] = {}
+
+
+def register(tr: FormatTraits) -> FormatTraits:
+    """Add a format's record (once, from the module that defines its kernels)."""
+    if tr.type in _TABLE:
+        raise ValueError(f"weight format {tr.type.name} registered twice")
+    _TABLE[tr.type] = tr
+    return tr
+
+
+def _load() -> None:
+    for name in KERNEL_MODULES:
+        importlib.import_module(f"{__package__}.{name}")
+
+
+def all_traits() -> tuple[FormatTraits, ...]:
+    """Every registered format, by type id."""
+    _load()
+    return tuple(sorted(_TABLE.values(), key=lambda tr: tr.id))
+
+
+def supported_types() -> tuple[GGMLType, ...]:
+    """The weight types the engine runs."""
+    return tuple(tr.type for tr in all_traits())
+
+
+def get(t: GGMLType | int, tensor: str | None = None) -> FormatTraits:
+    """The record of ``t``; a :class:`ModelError` naming the type (and tensor) if the engine
+    has no kernels for it."""
+    _load()
+    try:
+        return _TABLE[GGMLType(t)]
+    except (KeyError, ValueError):
+        where = f" (tensor {tensor!r})" if tensor else ""
+        names = ", ".join(x.name for x in supported_types())
+        name = GGMLType(t).name if t in GGMLType._value2member_map_ else str(t)
+        raise ModelError(
+            f"weight type {name} is not supported by the matmul kernels{where}; supported: {names}"
+        ) from None
