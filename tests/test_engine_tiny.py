@@ -15,7 +15,7 @@ from llamacpy.engine import Batch, BatchError, Context, ContextParams, KVCacheFu
 from llamacpy.engine.batch import split_batch
 from llamacpy.gguf import GGMLType
 from llamacpy.models.common import UBatchArrays
-from llamacpy.models.llama_reference import Reference
+from llamacpy.models.reference import Reference
 from llamacpy.models.tiny import write_tiny_llama
 from llamacpy.ops import traits
 

@@ -1,0 +1,286 @@
+"""The executable specification of the decoder forward: a numpy function per stage name of
+:mod:`.stages`, run in the order of the architecture's ``block``.
+
+``Reference(model).forward(ub, kv, mode, n_threads)`` walks ``type(model).block`` (the
+declaration :mod:`.compose` builds the compiled forward from) and calls :data:`STAGES` of
+each name on every layer. It reads what the compiled forward reads: the layer table and the
+model row by field name, the repacked weights, the model's rope settings and the context's
+rope factors, the same KV cache arrays; and follows the same numerics: q8 / q8_K
+activations (``matmul_numpy``), f16 / q8_0 cache rows, ggml's flash-attention regimes,
+ggml's SwiGLU and GEGLU. Slow and single-threaded: the tests compare the compiled forward of
+every architecture with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..ops.activations import geglu_numpy, swiglu_numpy
+from ..ops.attention_ref import attention_numpy, load_rows_numpy, store_row_numpy
+from ..ops.dequant import dequantize_repacked_numpy
+from ..ops.matmul import block_mins, matmul_numpy
+from ..ops.norm import rms_norm_numpy
+from ..ops.rope import rope_numpy
+from .common import UBatchArrays
+from .decoder import Decoder
+
+_F32 = np.float32
+
+
+@dataclass
+class Pass:
+    """The state of one ubatch going through the network (what the stages read and write)."""
+
+    ub: UBatchArrays
+    mode: int  # attention regime (stages.MODE_*)
+    n_threads: int  # chunks of the decode-split attention
+    kc: np.ndarray  # K cache [n_layer, n_head_kv, n_ctx, row bytes]
+    vc: np.ndarray  # V cache, likewise
+    k_type: int
+    v_type: int
+    factors: np.ndarray  # rope frequency factors of the context (empty: none)
+    x: np.ndarray  # [rows, n_embd] residual stream
+    h: np.ndarray | None = None  # normalized input of the next matmuls
+    q: np.ndarray | None = None  # [n, n_head * head_dim]
+    k: np.ndarray | None = None  # [n, n_head_kv * head_dim]
+    v: np.ndarray | None = None
+    att: np.ndarray | None = None  # [n, n_head * head_dim]
+    g: np.ndarray | None = None  # [rows, n_ff] gated FFN activation
+
+
+class Reference:
+    """A model's numpy forward; dequantized weights are kept for repeated passes."""
+
+    def __init__(self, model: Decoder) -> None:
+        self.stages = stage_functions(type(model).block)
+        self.model = model
+        self.M = model.model_row[0]
+        st = model.store
+        self._buf, self._desc, self._f = st.buf, st.desc, st.fbuf
+        self._w: dict[int, np.ndarray] = {}
+        self._mins: dict[int, np.ndarray | None] = {}
+
+    # ------------------------------------------------------------------ weights
+    def _matrix(self, index: int) -> tuple[int, int, int, int]:
+        if index < 0:
+            raise ValueError("a stage reads a matrix the layer does not have")
+        t, off, nrows, ncols = (int(v) for v in self._desc[index])
+        return t, off, nrows, ncols
+
+    def w(self, index: int) -> np.ndarray:
+        """Matrix ``index`` of the store, dequantized ``[nrows, ncols]``."""
+        if index not in self._w:
+            t, off, nrows, ncols = self._matrix(index)
+            self._w[index] = dequantize_repacked_numpy(self._buf[off:], t, nrows, ncols)
+        return self._w[index]
+
+    def mm(self, index: int, x: np.ndarray) -> np.ndarray:
+        """``x . W^T`` with ``x`` quantized as the weight's format consumes it."""
+        t, off, nrows, ncols = self._matrix(index)
+        if index not in self._mins:
+            self._mins[index] = block_mins(self._buf[off:], t, nrows, ncols)
+        return matmul_numpy(None, t, nrows, ncols, x, self.w(index), self._mins[index])
+
+    def vec(self, offset: int, n: int) -> np.ndarray:
+        """``n`` floats of the vector at ``offset`` of the float buffer."""
+        if offset < 0:
+            raise ValueError("a stage reads a vector the layer does not have")
+        return self._f[offset : offset + n]
+
+    def norm(self, x: np.ndarray, offset: int) -> np.ndarray:
+        """``rms_norm(x) * w`` over the last axis, ``w`` the vector at ``offset``."""
+        return rms_norm_numpy(x, self.vec(offset, x.shape[-1]), self.M["eps"])
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, ub: UBatchArrays, kv: tuple, mode: int, n_threads: int = 2) -> np.ndarray:
+        """Logits ``[n_out, n_vocab]`` of the ubatch; writes the ubatch's K/V into ``kv``."""
+        M, model = self.M, self.model
+        kc, vc, info = kv
+        k_type, v_type, rowb, n_ctx = (int(v) for v in info[:4])
+        shape = (-1, int(M["n_head_kv"]), n_ctx, rowb)  # flat caches -> [layer, head, cell]
+        p = Pass(
+            ub, mode, n_threads, kc.reshape(shape), vc.reshape(shape), k_type, v_type,
+            np.asarray(model.rope_factors(n_ctx), _F32), embed(self, ub.tokens),
+        )  # fmt: skip
+        for L in model.layer_table[: M["n_layer"]]:
+            for fn in self.stages:
+                fn(self, p, L)
+        return head(self, p)
+
+
+def stage_functions(block: tuple[str, ...]) -> list[Callable]:
+    """The reference function of each stage name of ``block``."""
+    unknown = [name for name in block if name not in STAGES]
+    if unknown:
+        raise ValueError(
+            f"unknown stage {unknown[0]!r}: the numpy reference has no function for it "
+            f"(known: {', '.join(sorted(STAGES))})"
+        )
+    return [STAGES[name] for name in block]
+
+
+def _heads(a: np.ndarray, d: int) -> np.ndarray:
+    """``[n, heads * d]`` -> ``[n, heads, d]``."""
+    return a.reshape(len(a), -1, d)
+
+
+# ----------------------------------------------------------------------------- around the blocks
+def embed(r: Reference, tokens: np.ndarray) -> np.ndarray:
+    """``x[t] = token_embd[token t] * embd_scale``."""
+    x = r.w(int(r.M["token_embd"]))[tokens].copy()
+    if r.M["embd_scale"] != 1.0:
+        x *= r.M["embd_scale"]
+    return x
+
+
+def head(r: Reference, p: Pass) -> np.ndarray:
+    """Logits of the output rows: ``rms_norm(x) * output_norm . output`` (soft-capped)."""
+    M, out_idx = r.M, p.ub.out_idx
+    if len(out_idx) == 0:
+        return np.zeros((0, int(M["n_vocab"])), _F32)
+    gathered = len(p.x) != len(p.ub.tokens)  # out_rows kept the output rows only
+    rows = p.x[: len(out_idx)] if gathered else p.x[out_idx]
+    logits = r.mm(int(M["output"]), r.norm(rows, int(M["output_norm"])))
+    c = M["softcap"]
+    if c != 0.0:
+        logits = np.tanh(logits * (_F32(1.0) / c)) * c
+    return logits
+
+
+# ----------------------------------------------------------------------------- stages
+def attn_norm(r: Reference, p: Pass, L) -> None:
+    """``h = rms_norm(x) * attn_norm``."""
+    p.h = r.norm(p.x, L["attn_norm"])
+
+
+def qkv(r: Reference, p: Pass, L) -> None:
+    """``q, k, v = h . attn_q, h . attn_k, h . attn_v``."""
+    p.q, p.k, p.v = (r.mm(L[name], p.h) for name in ("attn_q", "attn_k", "attn_v"))
+
+
+def qkv_bias(r: Reference, p: Pass, L) -> None:
+    """``q += attn_q.bias`` (k, v likewise) for the biases the layer has."""
+    for field, name in (("q", "attn_q_bias"), ("k", "attn_k_bias"), ("v", "attn_v_bias")):
+        if L[name] >= 0:
+            a = getattr(p, field)
+            setattr(p, field, a + r.vec(L[name], a.shape[1]))
+
+
+def qk_norm(r: Reference, p: Pass, L) -> None:
+    """Per-head ``rms_norm(q_h) * attn_q_norm``, ``rms_norm(k_h) * attn_k_norm``."""
+    d = int(r.M["head_dim"])
+    p.q = r.norm(_heads(p.q, d), L["attn_q_norm"]).reshape(p.q.shape)
+    p.k = r.norm(_heads(p.k, d), L["attn_k_norm"]).reshape(p.k.shape)
+
+
+def rope(r: Reference, p: Pass, L) -> None:
+    """Rotate q and k by position with the layer's rope (global or sliding-window); NoPE
+    layers (``rope`` 0) are left as they are."""
+    if L["rope"] == 0:
+        return
+    d, model = int(r.M["head_dim"]), r.model
+    params = model.rope_swa if L["swa"] != 0 else model.rope
+    for field in ("q", "k"):
+        a = getattr(p, field)
+        setattr(p, field, rope_numpy(_heads(a, d), p.ub.pos, params, p.factors).reshape(a.shape))
+
+
+def scale_q(r: Reference, p: Pass, L) -> None:
+    """``q *= q_scale``."""
+    p.q = p.q * r.M["q_scale"]
+
+
+def kv_store(r: Reference, p: Pass, L) -> None:
+    """Write k and v of each token into its cache cell (in the cache's type)."""
+    d, li = int(r.M["head_dim"]), int(L["index"])
+    k, v = _heads(p.k, d), _heads(p.v, d)
+    for t, cell in enumerate(p.ub.cells):
+        for hk in range(k.shape[1]):
+            store_row_numpy(p.kc[li, hk, cell], k[t, hk], p.k_type)
+            store_row_numpy(p.vc[li, hk, cell], v[t, hk], p.v_type)
+
+
+def attention(r: Reference, p: Pass, L) -> None:
+    """``att = softmax(q . K^T * kq_scale + mask) . V`` over the cached cells (the
+    sliding-window mask in SWA layers)."""
+    d, li, ub = int(r.M["head_dim"]), int(L["index"]), p.ub
+    mask = ub.mask_swa if L["swa"] != 0 and ub.mask_swa is not None else ub.mask
+    keys, vals = (
+        np.stack([load_rows_numpy(rows[: ub.n_kv], d, t) for rows in cache[li]])
+        for cache, t in ((p.kc, p.k_type), (p.vc, p.v_type))
+    )
+    att = attention_numpy(
+        _heads(p.q, d), keys, vals, mask[:, : ub.n_kv], p.k_type, p.v_type, p.mode,
+        p.n_threads, r.M["kq_scale"],
+    )  # fmt: skip
+    p.att = att.reshape(len(att), -1)
+
+
+def out_proj(r: Reference, p: Pass, L) -> None:
+    """``x += att . attn_output``."""
+    p.x = p.x + r.mm(L["attn_output"], p.att)
+
+
+def out_proj_post_norm(r: Reference, p: Pass, L) -> None:
+    """``x += rms_norm(att . attn_output) * post_attention_norm``."""
+    p.x = p.x + r.norm(r.mm(L["attn_output"], p.att), L["post_attention_norm"])
+
+
+def out_rows(r: Reference, p: Pass, L) -> None:
+    """In the last layer only the rows whose logits are wanted go on (when some are not)."""
+    n_out = len(p.ub.out_idx)
+    if L["last"] != 0 and 0 < n_out < len(p.ub.tokens):
+        p.x = p.x[p.ub.out_idx]
+
+
+def ffn_norm(r: Reference, p: Pass, L) -> None:
+    """``h = rms_norm(x) * ffn_norm``."""
+    p.h = r.norm(p.x, L["ffn_norm"])
+
+
+def ffn_swiglu(r: Reference, p: Pass, L) -> None:
+    """``g = silu(h . ffn_gate) * (h . ffn_up)``."""
+    p.g = swiglu_numpy(r.mm(L["ffn_gate"], p.h), r.mm(L["ffn_up"], p.h))
+
+
+def ffn_geglu(r: Reference, p: Pass, L) -> None:
+    """``g = gelu(h . ffn_gate) * (h . ffn_up)`` (tanh approximation, ggml's f16 table)."""
+    p.g = geglu_numpy(r.mm(L["ffn_gate"], p.h), r.mm(L["ffn_up"], p.h))
+
+
+def ffn_down(r: Reference, p: Pass, L) -> None:
+    """``x += g . ffn_down``."""
+    p.x = p.x + r.mm(L["ffn_down"], p.g)
+
+
+def ffn_down_post_norm(r: Reference, p: Pass, L) -> None:
+    """``x += rms_norm(g . ffn_down) * post_ffw_norm``."""
+    p.x = p.x + r.norm(r.mm(L["ffn_down"], p.g), L["post_ffw_norm"])
+
+
+Stage = Callable[[Reference, Pass, np.void], None]
+# stage name (as in an architecture's block) -> its numpy function
+STAGES: dict[str, Stage] = {
+    fn.__name__: fn
+    for fn in (
+        attn_norm,
+        qkv,
+        qkv_bias,
+        qk_norm,
+        rope,
+        scale_q,
+        kv_store,
+        attention,
+        out_proj,
+        out_proj_post_norm,
+        out_rows,
+        ffn_norm,
+        ffn_swiglu,
+        ffn_geglu,
+        ffn_down,
+        ffn_down_post_norm,
+    )
+}
