@@ -3,9 +3,13 @@
 An architecture lists its block as stage names (``llama.py``: ``attn_norm``, ``qkv``,
 ``rope``, ``kv_store``, ``attention``, ``out_proj``, ``out_rows``, ``ffn_norm``,
 ``ffn_swiglu``, ``ffn_down``); :mod:`.compose` writes them, in that order, into the
-architecture's compiled per-ubatch forward. Every stage is inlined there, so the whole
+architecture's compiled per-ubatch forward, which calls them in that order; the whole
 network still runs in one parallel region of ``n_threads`` workers that meet at a spin
-barrier between dependent stages.
+barrier between dependent stages. Each stage is compiled (and cached) once per set of
+weight formats and shared by every architecture whose block names it, so a new block
+compiles only its loop: inlining them made each architecture recompile every stage (and
+the unoptimized code of one inlined forward was 20 times its optimized size), with no
+gain in speed. Their helpers (``_mm``, ``_sync``, ...) are inlined into them.
 
 A stage is ``clk = stage(c, L, clk)``: ``c`` is the worker's :class:`Ctx` (the ubatch, the
 weights, the KV cache, scratch buffers, this thread's id), ``L`` the layer's row of the
@@ -213,7 +217,7 @@ def _token_rows(c):
 
 
 # ----------------------------------------------------------------------------- stages
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def embed(c, clk):
     """``X[t] = token_embd[token t] * embd_scale`` (rows dequantized from the repacked table)."""
     M = c.M
@@ -227,13 +231,13 @@ def embed(c, clk):
     return _sync(c, tick(c.prof, c.tid, P_EMBD, clk))
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def attn_norm(c, L, clk):
     """``h = rms_norm(x) * attn_norm``, quantized for q/k/v."""
     return _norm_in(c, c.X, L.attn_norm, L.need_qkv, clk)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def qkv(c, L, clk):
     """``q, k, v = h . attn_q, h . attn_k, h . attn_v``."""
     _mm(c, L.attn_q, c.Q, False)
@@ -242,7 +246,7 @@ def qkv(c, L, clk):
     return _sync(c, tick(c.prof, c.tid, P_QKV, clk))
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def qkv_bias(c, L, clk):
     """``q += attn_q.bias`` (k, v likewise) for the biases the layer has."""
     M = c.M
@@ -262,7 +266,7 @@ def qkv_bias(c, L, clk):
     return clk
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def qk_norm(c, L, clk):
     """Per-head ``rms_norm(q_h) * attn_q_norm``, ``rms_norm(k_h) * attn_k_norm``."""
     M = c.M
@@ -274,7 +278,7 @@ def qk_norm(c, L, clk):
     return clk
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def rope(c, L, clk):
     """Rotate q and k by their positions (the layer's rope: global or sliding-window row
     of ``RP``); layers with ``L.rope == 0`` (NoPE) are left as they are."""
@@ -292,7 +296,7 @@ def rope(c, L, clk):
     return clk
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def scale_q(c, L, clk):
     """``q *= q_scale`` (gemma3, phi3: queries are scaled after rope, the scores are not)."""
     qd = c.M.n_head * c.M.head_dim
@@ -303,7 +307,7 @@ def scale_q(c, L, clk):
     return clk
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def kv_store(c, L, clk):
     """Write k and v of each token into its cache cell (in the cache's type)."""
     M = c.M
@@ -323,7 +327,7 @@ def _layer_base(c, L):
     return L.index * c.M.n_head_kv * c.hstride
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def attention(c, L, clk):
     """``att = softmax(q . K^T * kq_scale + mask) . V`` over the cached cells the layer may
     see (the sliding-window mask in SWA layers)."""
@@ -334,21 +338,21 @@ def attention(c, L, clk):
     return _sync(c, tick(c.prof, c.tid, P_ATTN, clk))
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def out_proj(c, L, clk):
     """``x += att . attn_output``."""
     clk = _quantize_in(c, c.ATT, c.M.n_head * c.M.head_dim, L.need_out, P_OUT_PROJ, clk)
     return _proj_residual(c, L.attn_output, NONE, P_OUT_PROJ, clk)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def out_proj_post_norm(c, L, clk):
     """``x += rms_norm(att . attn_output) * post_attention_norm``."""
     clk = _quantize_in(c, c.ATT, c.M.n_head * c.M.head_dim, L.need_out, P_OUT_PROJ, clk)
     return _proj_residual(c, L.attn_output, L.post_attention_norm, P_OUT_PROJ, clk)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def out_rows(c, L, clk):
     """In the last layer only the rows whose logits are wanted go on, gathered to the front
     of ``X`` (llama.cpp's ``inp_out_ids``), so that the FFN's matmuls see as many rows as
@@ -363,7 +367,7 @@ def out_rows(c, L, clk):
     return _sync(c, clk)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def ffn_norm(c, L, clk):
     """``h = rms_norm(x) * ffn_norm``, quantized for gate/up."""
     return _norm_in(c, c.X, L.ffn_norm, L.need_ffn, clk)
@@ -386,31 +390,31 @@ def _gate_up(c, L, act, clk):
     return _quantize_in(c, c.G, n_ff, L.need_down, P_FFN_DOWN, clk)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def ffn_swiglu(c, L, clk):
     """``g = silu(h . ffn_gate) * (h . ffn_up)``."""
     return _gate_up(c, L, 0, clk)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def ffn_geglu(c, L, clk):
     """``g = gelu(h . ffn_gate) * (h . ffn_up)`` (tanh approximation, as ggml's)."""
     return _gate_up(c, L, 1, clk)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def ffn_down(c, L, clk):
     """``x += g . ffn_down``."""
     return _proj_residual(c, L.ffn_down, NONE, P_FFN_DOWN, clk)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def ffn_down_post_norm(c, L, clk):
     """``x += rms_norm(g . ffn_down) * post_ffw_norm``."""
     return _proj_residual(c, L.ffn_down, L.post_ffw_norm, P_FFN_DOWN, clk)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def head(c, clk):
     """Logits of the output rows: ``rms_norm(x) * output_norm . output`` (soft-capped)."""
     M = c.M
