@@ -16,7 +16,6 @@ import os
 import threading
 import time
 
-import numba
 import numpy as np
 
 from ..errors import UsageError
@@ -55,7 +54,9 @@ class Context:
         if model is None:
             if model_path is None:
                 raise UsageError("Context needs a model path or a loaded model")
-            model = load_model(model_path, use_mmap=params.use_mmap, rope=params.rope)
+            model = load_model(
+                model_path, use_mmap=params.use_mmap, rope=params.rope, backend=params.backend
+            )
         if params.kernel_formats == "all":
             model.use_all_kernels()
         self.model = model
@@ -71,12 +72,12 @@ class Context:
             params.type_k,
             params.type_v,
             params.n_seq_max,
+            zeros=model.backend.zeros,
         )
         if params.use_mlock:
             model.store.mlock()
         self.ws = model.workspace(self.n_ubatch, max(self.n_threads, self.n_threads_batch))
         self._lock = threading.Lock()
-        self._nth: tuple[int, int] = (0, 0)
         kv = self.kv
         # the compiled forward reads the caches flat (views, no copies)
         info = np.array([kv.type_k, kv.type_v, kv.row_bytes, kv.n_ctx], np.int64)
@@ -153,10 +154,6 @@ class Context:
         else:
             mode = MODE_ROWS
         nth = self.n_threads if n == 1 else self.n_threads_batch
-        key = (threading.get_ident(), nth)  # numba's thread count is per calling thread
-        if key != self._nth:
-            numba.set_num_threads(nth)
-            self._nth = key
         arrays = UBatchArrays(ub.token, ub.pos, cells, mask, n_kv, ub.out_idx, mask_swa)
         return self.model.forward(self.ws, arrays, self._kv_arrays, mode, nth)
 
@@ -234,10 +231,7 @@ class Context:
         return self.model.freqs_arr if pick is None else pick(self.n_ctx)
 
     def _threads(self, nth: int) -> None:
-        key = (threading.get_ident(), nth)
-        if key != self._nth:
-            numba.set_num_threads(nth)
-            self._nth = key
+        self.model.backend.set_threads(nth)
 
     def _hidden_states(self, n: int) -> np.ndarray:
         """The last ubatch's ``n`` hidden states after the final norm: the model's own

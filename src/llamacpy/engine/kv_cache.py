@@ -46,7 +46,10 @@ class KVCache:
         type_k: str = "f16",
         type_v: str = "f16",
         n_seq_max: int = 1,
+        zeros=lazy_zeros,
     ) -> None:
+        """``zeros(shape, dtype)``: the storage of the K and V cells (the model's backend's
+        memory; numpy arrays on the CPU)."""
         self.type_k, self.type_v = cache_type(type_k), cache_type(type_v)
         for t in (self.type_k, self.type_v):
             if t == KV_Q8_0 and head_dim % 32:
@@ -56,8 +59,8 @@ class KVCache:
         self.n_ctx, self.n_seq_max, self.head_dim = n_ctx, n_seq_max, head_dim
         rb = max(kv_row_bytes(self.type_k, head_dim), kv_row_bytes(self.type_v, head_dim))
         self.row_bytes = rb
-        self.k = lazy_zeros((n_layer, n_head_kv, n_ctx, rb), np.uint8)
-        self.v = lazy_zeros((n_layer, n_head_kv, n_ctx, rb), np.uint8)
+        self.k = zeros((n_layer, n_head_kv, n_ctx, rb), np.uint8)
+        self.v = zeros((n_layer, n_head_kv, n_ctx, rb), np.uint8)
         self.pos = np.full(n_ctx, -1, np.int32)
         self.seq = np.zeros((n_ctx, (n_seq_max + 63) // 64), np.uint64)
         self.shift = np.zeros(n_ctx, np.int32)

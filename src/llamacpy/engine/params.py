@@ -32,6 +32,7 @@ class ContextParams:
     # which matmul kernels the compiled forward pass links: "model" (only the formats of the
     # loaded model: the fastest first start) or "all" (one compiled forward serves any model)
     kernel_formats: str = "model"
+    backend: str = "cpu"  # where weights, cache and forward live (llamacpy.models.backend)
     rope: RopeOverrides = field(default_factory=RopeOverrides)
     # embeddings: hidden states after the final norm, pooled per sequence (Context.embed)
     embeddings: bool = False
@@ -47,6 +48,9 @@ class ContextParams:
             raise UsageError(
                 f"kernel_formats must be 'model' or 'all', not {self.kernel_formats!r}"
             )
+        from ..models.backend import backend
+
+        backend(self.backend)  # a UsageError naming the available backends
         if self.pooling_type not in ("unspecified", "none", "mean", "cls", "last"):
             raise UsageError(
                 f"unknown pooling type {self.pooling_type!r}; "

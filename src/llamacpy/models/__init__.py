@@ -62,6 +62,7 @@ def load_model(
     use_mmap: bool = True,
     rope: RopeOverrides | None = None,
     background: bool = True,
+    backend: str | None = None,
 ) -> Any:
     """Open, check and load a model for inference. ``path`` may be an already opened
     :class:`~llamacpy.gguf.GGUFModelFile` (its metadata is not parsed again; the caller
@@ -69,7 +70,8 @@ def load_model(
 
     Everything is checked before this returns; with ``background`` the weights are then
     copied into the kernels' layout by a thread while the caller goes on (the model's
-    forward pass, or reading its weight store, waits for them)."""
+    forward pass, or reading its weight store, waits for them). ``backend``: where the
+    weights go and the forward runs (:mod:`.backend`; default the CPU)."""
     own = not isinstance(path, GGUFModelFile)
     mf = model_file(path) if own else path
     source = TensorSource(mf, use_mmap=use_mmap, background=background)
@@ -77,7 +79,7 @@ def load_model(
         arch = mf.get(KEY_ARCHITECTURE)
         if not isinstance(arch, str):
             raise ModelError(f"{path}: missing metadata key {KEY_ARCHITECTURE!r}")
-        model = model_class(arch).load(mf, source, rope)
+        model = model_class(arch).load(mf, source, rope, backend)
     except BaseException:
         source.close()
         raise

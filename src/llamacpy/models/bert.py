@@ -26,6 +26,7 @@ from ..ops.norm import layer_norm
 from ..ops.rope import RopeParams
 from ..quants import dequantize
 from . import bert_kernel
+from .backend import CPU, Backend, backend
 from .common import RopeOverrides
 from .weights import Matrix, TensorSource, Vector, WeightStore
 
@@ -127,12 +128,20 @@ class BertModel:
         self.rope = RopeParams(n_rot=d, n_ctx_orig=hparams.n_ctx_train)
         self.freqs_arr = np.zeros(0, _F32)
         self.fmask = format_mask(store.types)
+        self.backend: Backend = CPU
 
     # ------------------------------------------------------------------ loading
     @classmethod
     def load(
-        cls, mf: GGUFModelFile, source: TensorSource, rope: RopeOverrides | None = None
+        cls,
+        mf: GGUFModelFile,
+        source: TensorSource,
+        rope: RopeOverrides | None = None,
+        on: Backend | str | None = None,
     ) -> BertModel:
+        """Check and read a bert file; its matrices are placed on backend ``on`` (the
+        encoder itself runs op by op on the CPU)."""
+        be = backend(on)
         hp, eps, pooling = _hparams(mf)
         t = _tensor_getter(mf)
         if mf.has_tensor("blk.0.attn_qkv.weight"):
@@ -159,15 +168,17 @@ class BertModel:
             store.vector(t("token_embd_norm.bias", (n_embd,))),
         )
         blk = [_block(store, t, f"blk.{i}.", n_embd, hp.n_ff) for i in range(hp.n_layer)]
-        store.build(source)
-        return cls(hp, eps, pooling, store, token_embd, pos_embd, type_embd, tok_norm, blk)
+        be.place_weights(store, source)
+        model = cls(hp, eps, pooling, store, token_embd, pos_embd, type_embd, tok_norm, blk)
+        model.backend = be
+        return model
 
     def use_all_kernels(self) -> None:
         self.fmask = format_mask(traits.supported_types())
 
     # ------------------------------------------------------------------ running
     def workspace(self, n_tokens: int, n_threads: int) -> BertWorkspace:
-        return BertWorkspace(self, n_tokens, n_threads)
+        return self.backend.workspace(BertWorkspace, self, n_tokens, n_threads)
 
     def forward(self, *args, **kwargs):
         raise ModelError(

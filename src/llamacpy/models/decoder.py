@@ -23,15 +23,14 @@ import numpy as np
 from ..errors import ModelError
 from ..gguf import GGMLType, GGUFModelFile, TensorInfo
 from ..hparams import HParams
-from ..kernel_cache import preload
 from ..ops import traits
 from ..ops.attention import TILE
 from ..ops.matmul import act_need, format_mask, new_acts
 from ..ops.rope import RopeParams
 from ..ops.threads import new_barrier
 from . import stages
+from .backend import Backend, backend
 from .common import RopeOverrides, UBatchArrays, lazy_zeros, rope_params
-from .compose import compiled_forward
 from .spec import Fused, Param, Tensor, check_tensors, read_hparams, shape_of
 from .weights import Matrix, TensorSource, Vector, WeightStore, row_slice
 
@@ -153,9 +152,15 @@ class Decoder:
 
     @classmethod
     def load(
-        cls, mf: GGUFModelFile, source: TensorSource, rope: RopeOverrides | None = None
+        cls,
+        mf: GGUFModelFile,
+        source: TensorSource,
+        rope: RopeOverrides | None = None,
+        on: Backend | str | None = None,
     ) -> Decoder:
-        """Check, read and repack a model's tensors (see :mod:`.weights`)."""
+        """Check, read and place a model's tensors on backend ``on`` (default: the CPU; see
+        :mod:`.weights`, :mod:`.backend`)."""
+        be = backend(on)
         md = mf.metadata
         hp = cls.check(md, {t.name: t.shape for t in mf.tensors})
         store = WeightStore()
@@ -168,9 +173,9 @@ class Decoder:
                     f"tensor {m.name!r}: {m.ncols} columns are not a multiple of the "
                     f"{m.type.name} block size {qk}"
                 )
-        store.build(source)
+        be.place_weights(store, source)
         rp = rope_params(md, cls.arch, hp.n_rot, hp.n_ctx_train, cls.rope_neox, rope)
-        return cls(hp, rp, store, glob, blk, md)
+        return cls(hp, rp, store, glob, blk, md, be)
 
     def __init__(
         self,
@@ -180,7 +185,9 @@ class Decoder:
         glob: Mapping[str, Any],
         blk: list[Layer],
         md: Mapping[str, Any],
+        on: Backend | None = None,
     ) -> None:
+        be = backend(on)
         self.hparams = hparams
         self.rope = rope
         self.store = store
@@ -194,7 +201,8 @@ class Decoder:
         self.n_swa = hparams.n_swa if any(swa) else 0
         self.layer_swa = swa
         self.rope_swa = self.rope_swa_params(md, rope)
-        self.forward_kernel = compiled_forward(self.block)
+        self.backend = be
+        self.forward_kernel = be.forward_kernel(self.block)
         self._pack()
 
     def _pack(self) -> None:
@@ -248,7 +256,7 @@ class Decoder:
 
     # ------------------------------------------------------------------ running
     def workspace(self, n_tokens: int, n_threads: int) -> Workspace:
-        return Workspace(self.hparams, n_tokens, n_threads)
+        return self.backend.workspace(Workspace, self.hparams, n_tokens, n_threads)
 
     def forward(
         self, ws: Workspace, ub: UBatchArrays, kv_arrays: tuple, mode: int, n_threads: int
@@ -272,10 +280,7 @@ class Decoder:
             ws.state,
             ws.barrier,
         )
-        if st.pending:  # first call: load the machine code while the weights are copied
-            preload(self.forward_kernel, args)
-        st.wait()  # (raises if the copy failed)
-        self.forward_kernel(*args)
+        self.backend.run(self.forward_kernel, args, st, n_threads)
         return ws.logits[:n_out, : self.hparams.n_vocab]
 
 
