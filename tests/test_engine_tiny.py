@@ -72,7 +72,7 @@ def _reference_logits(ctx: Context, tokens, kv_types=None):
     cells = kv.place(ub)
     n_kv = kv.n_kv()
     arrays = UBatchArrays(ub.token, ub.pos, cells, kv.mask(ub, n_kv), n_kv, ub.out_idx)
-    out = Reference(ctx.model).forward(arrays, ctx._kv_arrays, 0, ctx.n_threads)
+    out = Reference(ctx.model).forward(arrays, ctx.kv.forward_arrays(), 0, ctx.n_threads)
     ctx.clear()
     return out
 

@@ -78,10 +78,6 @@ class Context:
             model.store.mlock()
         self.ws = model.workspace(self.n_ubatch, max(self.n_threads, self.n_threads_batch))
         self._lock = threading.Lock()
-        kv = self.kv
-        # the compiled forward reads the caches flat (views, no copies)
-        info = np.array([kv.type_k, kv.type_v, kv.row_bytes, kv.n_ctx], np.int64)
-        self._kv_arrays = (kv.k.reshape(-1), kv.v.reshape(-1), info)
         self.load_time = time.perf_counter() - t0
 
     # ------------------------------------------------------------------ info
@@ -155,7 +151,7 @@ class Context:
             mode = MODE_ROWS
         nth = self.n_threads if n == 1 else self.n_threads_batch
         arrays = UBatchArrays(ub.token, ub.pos, cells, mask, n_kv, ub.out_idx, mask_swa)
-        return self.model.forward(self.ws, arrays, self._kv_arrays, mode, nth)
+        return self.model.forward(self.ws, arrays, self.kv.forward_arrays(), mode, nth)
 
     # ------------------------------------------------------------------ memory (KV) ops
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:

@@ -16,6 +16,7 @@ from ..errors import LlamacpyError, UsageError
 from ..models.common import lazy_zeros
 from ..ops.attention import KV_F16, KV_F32, KV_Q8_0, kv_row_bytes, rope_shift_rows
 from .batch import UBatch
+from .memory import Memory
 
 CACHE_TYPES = {"f32": KV_F32, "f16": KV_F16, "q8_0": KV_Q8_0}
 N_KV_PAD = 256  # ggml pads the attended range to a multiple of 256 cells
@@ -34,7 +35,7 @@ def cache_type(name: str) -> int:
         ) from None
 
 
-class KVCache:
+class KVCache(Memory):
     """Cells with positions and sequence sets, plus the K/V storage of every layer."""
 
     def __init__(
@@ -68,6 +69,15 @@ class KVCache:
         self.head = 0
         self._top = 0  # 1 + highest used cell
         self._pmax: dict[int, int] = {}  # seq -> last position (memo, reset by seq ops)
+        self._arrays: tuple | None = None
+
+    def forward_arrays(self) -> tuple:
+        """``(k, v, info)``: the cells flat (views, no copies) and ``info`` = k type, v type,
+        row bytes, cells."""
+        if self._arrays is None:
+            info = np.array([self.type_k, self.type_v, self.row_bytes, self.n_ctx], np.int64)
+            self._arrays = (self.k.reshape(-1), self.v.reshape(-1), info)
+        return self._arrays
 
     # ------------------------------------------------------------------ queries
     @property

@@ -1,0 +1,21 @@
+"""The memory interface (engine/memory.py): the unified KV cache implements all of it."""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+
+from llamacpy.engine.kv_cache import KVCache
+from llamacpy.engine.memory import Memory
+
+
+def test_the_kv_cache_implements_every_operation_of_the_interface() -> None:
+    assert issubclass(KVCache, Memory) and not KVCache.__abstractmethods__
+    wanted = {n for n, _ in inspect.getmembers(Memory) if not n.startswith("_")}
+    assert {"seq_rm", "seq_cp", "place", "mask", "apply_shift", "get_state"} <= wanted
+    kv = KVCache(2, 2, 32, 64)
+    k, v, info = kv.forward_arrays()
+    assert k.base is not None and np.shares_memory(k, kv.k) and np.shares_memory(v, kv.v)
+    assert info.tolist() == [kv.type_k, kv.type_v, kv.row_bytes, 64]
+    assert kv.forward_arrays() is kv.forward_arrays()  # built once, views of the cells
