@@ -364,15 +364,15 @@ def iq4_nl_t2(w, o, A, t, b, nb, a, c):
 # ----------------------------------------------------------------------------- the formats
 # Group block fields (see .formats): the f16 scale d of each row, the f16 min m (Q4_1, Q5_1),
 # the high bits (Q5), the quants as 4-byte chunks (Q8_0 and IQ4_NL: +128, unsigned).
-LAYOUT_Q4_0 = Layout.of(GGMLType.Q4_0, 32, ACT_Q8, (ROWS, 0, 2), (CHUNK4, 2, 16))
-LAYOUT_Q4_1 = Layout.of(GGMLType.Q4_1, 32, ACT_Q8, (ROWS, 0, 2), (ROWS, 2, 2), (CHUNK4, 4, 16))
-LAYOUT_Q5_0 = Layout.of(GGMLType.Q5_0, 32, ACT_Q8, (ROWS, 0, 2), (Q5HB, 2, 4), (CHUNK4, 6, 16))
-LAYOUT_Q5_1 = Layout.of(
-    GGMLType.Q5_1, 32, ACT_Q8, (ROWS, 0, 2), (ROWS, 2, 2), (Q5HB, 4, 4), (CHUNK4, 8, 16)
-)
-LAYOUT_Q8_0 = Layout.of(GGMLType.Q8_0, 32, ACT_Q8, (ROWS, 0, 2), (XOR80, 2, 32))
-LAYOUT_IQ4_NL = Layout.of(GGMLType.IQ4_NL, 32, ACT_Q8, (ROWS, 0, 2), (CHUNK4, 2, 16))
 _QK = 32
+LAYOUT_Q4_0 = Layout.of(GGMLType.Q4_0, _QK, ACT_Q8, (ROWS, 0, 2), (CHUNK4, 2, 16))
+LAYOUT_Q4_1 = Layout.of(GGMLType.Q4_1, _QK, ACT_Q8, (ROWS, 0, 2), (ROWS, 2, 2), (CHUNK4, 4, 16))
+LAYOUT_Q5_0 = Layout.of(GGMLType.Q5_0, _QK, ACT_Q8, (ROWS, 0, 2), (Q5HB, 2, 4), (CHUNK4, 6, 16))
+LAYOUT_Q5_1 = Layout.of(
+    GGMLType.Q5_1, _QK, ACT_Q8, (ROWS, 0, 2), (ROWS, 2, 2), (Q5HB, 4, 4), (CHUNK4, 8, 16)
+)
+LAYOUT_Q8_0 = Layout.of(GGMLType.Q8_0, _QK, ACT_Q8, (ROWS, 0, 2), (XOR80, 2, 32))
+LAYOUT_IQ4_NL = Layout.of(GGMLType.IQ4_NL, _QK, ACT_Q8, (ROWS, 0, 2), (CHUNK4, 2, 16))
 _BB_Q4_0, _BB_Q4_1 = LAYOUT_Q4_0.dst_bytes, LAYOUT_Q4_1.dst_bytes
 _BB_Q5_0, _BB_Q5_1 = LAYOUT_Q5_0.dst_bytes, LAYOUT_Q5_1.dst_bytes
 _BB_Q8_0, _BB_IQ4_NL = LAYOUT_Q8_0.dst_bytes, LAYOUT_IQ4_NL.dst_bytes
