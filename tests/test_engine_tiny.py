@@ -68,11 +68,9 @@ def _reference_logits(ctx: Context, tokens, kv_types=None):
     """The numpy twin on a fresh cache of the same layout."""
     ctx.clear()
     ub = split_batch(Batch.from_tokens(tokens, logits="all"), 512)[0]
-    kv = ctx.kv
-    cells = kv.place(ub)
-    n_kv = kv.n_kv()
-    arrays = UBatchArrays(ub.token, ub.pos, cells, kv.mask(ub, n_kv), n_kv, ub.out_idx)
-    out = Reference(ctx.model).forward(arrays, ctx.kv.forward_arrays(), 0, ctx.n_threads)
+    sl = ctx.kv.prepare(ub)
+    arrays = UBatchArrays(ub.token, ub.pos, sl.cells, sl.mask, sl.n_kv, ub.out_idx)
+    out = Reference(ctx.model).forward(arrays, ctx.kv.forward_arrays(), ctx.n_threads)
     ctx.clear()
     return out
 

@@ -73,6 +73,9 @@ class FakeCtx:
                 rows.append(row)
         return np.array(rows, np.float32)
 
+    def n_keep(self, seq, n):
+        return n  # a plain KV cache: any prefix can be kept
+
     def seq_rm(self, seq, p0, p1):
         p1 = 1 << 30 if p1 < 0 else p1
         p0 = 0 if p0 < 0 else p0

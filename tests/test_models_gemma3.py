@@ -139,13 +139,13 @@ def test_context_past_the_sliding_window_matches_llama_perplexity(ctx: Context) 
     ppl = float(np.exp(-lp.mean()))
     assert ppl == pytest.approx(meta["ppl_llama_perplexity"], rel=1e-2)
     # the window matters: the last chunk under global attention in every layer is far off
-    chunk, m = tokens[-1], ctx.model
+    chunk, win = tokens[-1], ctx.kv.swa
     ctx.clear()
-    n_swa, m.n_swa = m.n_swa, 0
+    n_swa, win.n_swa = win.n_swa, 0  # the window part as a plain cache of 1024 cells
     try:
         logits = ctx.decode(Batch(chunk, np.arange(n_ctx), None, np.arange(n_ctx) >= first))
     finally:
-        m.n_swa = n_swa
+        win.n_swa = n_swa
     err_global = np.median(np.abs(_logp(logits[:-1], chunk[first + 1 :]) - ref[-1]))
     err_window = np.median(np.abs(lps[-1] - ref[-1]))
     assert err_global > 4 * err_window
@@ -159,8 +159,12 @@ def test_k_shift_re_ropes_each_layer_with_its_base(ctx: Context) -> None:
     n, d, hd = len(ids), 37, m.hparams.n_embd_head_k
 
     def keys() -> np.ndarray:  # [layer, token, head, dim] of the f16 cache
-        k = np.ascontiguousarray(kv.k[:, :, :n, : 2 * hd]).view(np.float16)
-        return k.astype(np.float32).transpose(0, 2, 1, 3)
+        out = []
+        for il, swa in enumerate(m.layer_swa):  # global layers in kv.base, the others kv.swa
+            part, li = kv.swa if swa else kv.base, int(m.layer_table[il]["kv_index"])
+            k = np.ascontiguousarray(part.k[li, :, :n, : 2 * hd]).view(np.float16)
+            out.append(k.astype(np.float32).transpose(1, 0, 2))
+        return np.stack(out)
 
     ctx.clear()
     ctx.decode(Batch.from_tokens(ids, logits="none"))

@@ -13,6 +13,7 @@ a q8_0 cache, logit soft-capping, unknown stage names, a reference for every com
 from __future__ import annotations
 
 import inspect
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -69,13 +70,15 @@ class Recorder:
         self.decode_mode = decode_mode
         self.steps: list[tuple[int, int, np.ndarray, np.ndarray]] = []
 
-    def __call__(self, ws, ub, kv, mode, n_threads):
+    def __call__(self, ws, ub, kv, n_threads):
         if len(ub.tokens) == 1 and self.decode_mode is not None:
-            mode = self.decode_mode
-        kc, vc, info = kv
-        want = self.reference.forward(ub, (kc.copy(), vc.copy(), info), mode, n_threads)
-        got = self.compiled(ws, ub, kv, mode, n_threads)
-        self.steps.append((len(ub.tokens), mode, got.copy(), want))
+            ub = replace(ub, mode=self.decode_mode, mode_swa=self.decode_mode)
+        kc, vc, kcs, vcs, info = kv
+        copies = {id(a): a.copy() for a in (kc, vc, kcs, vcs)}  # a cache shared: one copy
+        mine = tuple(copies[id(a)] for a in (kc, vc, kcs, vcs))
+        want = self.reference.forward(ub, (*mine, info), n_threads)
+        got = self.compiled(ws, ub, kv, n_threads)
+        self.steps.append((len(ub.tokens), ub.mode, got.copy(), want))
         return got
 
 

@@ -24,10 +24,15 @@ class FakeContext:
     """Checks batches like ``Context.decode``; the logits make token ``(t + 1) % N_VOCAB``
     the argmax after token ``t``."""
 
-    def __init__(self, n_ctx: int, n_batch: int, n_seq_max: int) -> None:
+    def __init__(self, n_ctx: int, n_batch: int, n_seq_max: int, window: int = 0) -> None:
         self.n_ctx, self.n_batch, self.n_seq_max = n_ctx, n_batch, n_seq_max
         self.pos: dict[int, int] = {}  # seq -> next position
         self.batches: list[int] = []
+        self.window = window  # > 0: only the last ``window`` positions can be gone back to
+
+    def n_keep(self, seq: int, n: int) -> int:
+        end = self.pos.get(seq, 0)
+        return n if not self.window or n >= end - self.window else 0
 
     def decode(self, batch: Batch) -> np.ndarray:
         batch.arrays()
@@ -165,6 +170,23 @@ def test_full_slot_ends_with_context():
     s.submit(Request(list(range(16)), too_long))
     run_until_idle(s)
     assert too_long.ends == ["error"]
+
+
+def test_a_slot_goes_back_only_as_far_as_its_memory_allows():
+    ctx = FakeContext(256, 64, 1, window=8)
+    s = Scheduler(ctx, 1)
+    first = list(range(1, 41))
+    s.submit(Request(first, Greedy(4)))
+    run_until_idle(s)
+    # the cached sequence (40 prompt + 3 generated tokens) shares 38 tokens with this one:
+    # within the last 8 positions, kept
+    r = s.submit(Request([*first[:38], 7, 8], Greedy(1)))
+    run_until_idle(s)
+    assert r.n_cached == 38
+    # sharing 20: farther back than the memory can go, so the prompt is decoded again
+    r = s.submit(Request([*first[:20], 9], Greedy(1)))
+    run_until_idle(s)
+    assert r.n_cached == 0 and ctx.batches[-2] == 21  # the whole prompt in one batch
 
 
 def test_prompt_logits_rows():

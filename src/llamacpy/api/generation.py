@@ -245,8 +245,10 @@ class Session:
         self.n_scored = 0
 
     def truncate(self, n: int) -> None:
-        """Keep only the first ``n`` cached tokens."""
+        """Keep only the first ``n`` cached tokens (none when the cache can no longer
+        continue from ``n``: a sliding-window cache past its window)."""
         if n < len(self.tokens):
+            n = self.ctx.n_keep(0, n)
             self.ctx.seq_rm(0, n, -1)
             del self.tokens[n:]
             self.last_logits = None
@@ -336,8 +338,8 @@ class Session:
         if not (n == len(prompt) == len(self.tokens) and self.last_logits is not None):
             if n == len(prompt):
                 n -= 1  # decode the last prompt token again to get its logits
-            self.truncate(n)
-            self.decode(prompt[n:])
+            self.truncate(n)  # may keep fewer (a sliding-window cache past its window)
+            self.decode(prompt[len(self.tokens) :])
         return np.array(self.scores(0, len(prompt))) if prompt_logits else None
 
     def context_shift(self, n_keep: int) -> int:

@@ -52,7 +52,7 @@ _CACHE_TYPES = {0: "f32", 1: "f16", 8: "q8_0"}  # ggml type ids llama-cpp-python
 _ROPE_SCALING = {-1: None, 0: "none", 1: "linear", 2: "yarn", 3: "longrope"}
 # constructor arguments that only matter for GPUs, LoRA-free CPU runs or llama.cpp internals
 _IGNORED = {"n_gpu_layers", "split_mode", "main_gpu", "tensor_split", "offload_kqv",
-            "flash_attn", "op_offload", "swa_full", "no_perf", "numa",
+            "flash_attn", "op_offload", "no_perf", "numa",
             "attention_type", "spm_infill"}  # fmt: skip
 _REFUSED = {"lora_base", "lora_path", "draft_model", "tokenizer"}
 
@@ -179,6 +179,7 @@ class Llama:
         chat_handler: Callable[..., Any] | None = None,
         type_k: int | str | None = None,
         type_v: int | str | None = None,
+        swa_full: bool | None = None,
         verbose: bool = True,
         **kwargs: Any,
     ) -> None:
@@ -219,6 +220,8 @@ class Llama:
                 n_threads_batch=n_threads_batch or 0,
                 type_k=_cache_type(type_k),
                 type_v=_cache_type(type_v),
+                # llama-cpp-python's default (None): the context default of llama.h, full
+                swa_full=True if swa_full is None else bool(swa_full),
                 use_mmap=use_mmap,
                 use_mlock=use_mlock,
                 rope=rope,

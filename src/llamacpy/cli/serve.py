@@ -72,6 +72,7 @@ def _serve(args: argparse.Namespace) -> int:
             n_seq_max=args.parallel,
             type_k=args.cache_type_k,
             type_v=args.cache_type_v,
+            swa_full=args.swa_full,
         )
         m = ServingModel.load(str(model_path), params, n_parallel=args.parallel,
                               max_queue=args.max_queue, chat_template=args.chat_template,
@@ -113,6 +114,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-tb", "--threads-batch", type=int, default=0, help="prompt threads")
     p.add_argument("-ctk", "--cache-type-k", default="f16", help="KV cache type of K")
     p.add_argument("-ctv", "--cache-type-v", default="f16", help="KV cache type of V")
+    p.add_argument(
+        "--swa-full",
+        action="store_true",
+        help="sliding-window layers keep all n_ctx cells (default: the window "
+        "plus a ubatch, as llama.cpp)",
+    )
     p.add_argument("-n", "--n-predict", "--predict", dest="n_predict", type=int, default=-1,
                    help="default tokens to predict (default: -1, until EOG or full slot)")  # fmt: skip
     p.add_argument("--api-key", default=None,

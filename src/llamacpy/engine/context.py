@@ -25,7 +25,9 @@ from ..models.common import UBatchArrays
 from ..ops.norm import rms_norm_numpy
 from .batch import Batch, UBatch, check_batch, split_batch
 from .embeddings import pool, resolve_pooling
+from .iswa import ISWACache
 from .kv_cache import KVCache
+from .memory import Memory
 from .params import ContextParams, physical_cores, setup_threads
 
 MODE_ROWS, MODE_TILED, MODE_SPLIT = 0, 1, 2
@@ -64,21 +66,28 @@ class Context:
         self.n_ctx = params.n_ctx or hp.n_ctx_train
         self.n_batch = min(params.n_batch, self.n_ctx)
         self.n_ubatch = min(params.n_ubatch, self.n_batch)
-        self.kv = KVCache(
-            hp.n_layer,
-            hp.n_head_kv,
-            hp.n_embd_head_k,
-            self.n_ctx,
-            params.type_k,
-            params.type_v,
-            params.n_seq_max,
-            zeros=model.backend.zeros,
-        )
+        self.kv = self._memory(model)
         if params.use_mlock:
             model.store.mlock()
         self.ws = model.workspace(self.n_ubatch, max(self.n_threads, self.n_threads_batch))
         self._lock = threading.Lock()
         self.load_time = time.perf_counter() - t0
+
+    def _memory(self, model) -> Memory:
+        """The model's memory: an :class:`ISWACache` when it has sliding-window layers,
+        else the unified :class:`KVCache`."""
+        hp, p = model.hparams, self.params
+        kw = dict(type_k=p.type_k, type_v=p.type_v, n_seq_max=p.n_seq_max)
+        n_swa = getattr(model, "n_swa", 0)
+        if n_swa > 0:
+            return ISWACache(
+                model.layer_swa, hp.n_head_kv, hp.n_embd_head_k, self.n_ctx, n_swa,
+                n_ubatch=self.n_ubatch, swa_full=p.swa_full, zeros=model.backend.zeros, **kw,
+            )  # fmt: skip
+        return KVCache(
+            hp.n_layer, hp.n_head_kv, hp.n_embd_head_k, self.n_ctx,
+            zeros=model.backend.zeros, **kw,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ info
     @property
@@ -136,26 +145,33 @@ class Context:
 
     def _forward(self, ub: UBatch) -> np.ndarray:
         kv = self.kv
-        cells = kv.place(ub)
-        n_kv = kv.n_kv()
-        mask = kv.mask(ub, n_kv)
-        n_swa = getattr(self.model, "n_swa", 0)
-        mask_swa = kv.mask(ub, n_kv, n_swa) if n_swa > 0 else None
+        sl = kv.prepare(ub)
         n = len(ub)
-        same = kv.type_k == kv.type_v and kv.type_k in (0, 1)
-        if n >= _TILED_MIN_TOKENS and same:
-            mode = MODE_TILED
-        elif n == 1 and n_kv >= _SPLIT_MIN_KV and same:
-            mode = MODE_SPLIT
-        else:
-            mode = MODE_ROWS
         nth = self.n_threads if n == 1 else self.n_threads_batch
-        arrays = UBatchArrays(ub.token, ub.pos, cells, mask, n_kv, ub.out_idx, mask_swa)
-        return self.model.forward(self.ws, arrays, self.kv.forward_arrays(), mode, nth)
+        arrays = UBatchArrays(
+            ub.token, ub.pos, sl.cells, sl.mask, sl.n_kv, ub.out_idx,
+            sl.cells_swa, sl.mask_swa, sl.n_kv_swa,
+            self._mode(n, sl.n_kv), self._mode(n, sl.n_kv_swa),
+        )  # fmt: skip
+        return self.model.forward(self.ws, arrays, kv.forward_arrays(), nth)
+
+    def _mode(self, n: int, n_kv: int) -> int:
+        """The attention kernel of a ubatch of ``n`` tokens over ``n_kv`` cells."""
+        same = self.kv.type_k == self.kv.type_v and self.kv.type_k in (0, 1)
+        if n >= _TILED_MIN_TOKENS and same:
+            return MODE_TILED
+        if n == 1 and n_kv >= _SPLIT_MIN_KV and same:
+            return MODE_SPLIT
+        return MODE_ROWS
 
     # ------------------------------------------------------------------ memory (KV) ops
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
         return self.kv.seq_rm(seq_id, p0, p1)
+
+    def n_keep(self, seq_id: int, n: int) -> int:
+        """How many of a cached sequence's first ``n`` positions a continuation can keep
+        (``n``, or 0 when a sliding-window cache no longer holds what it needs)."""
+        return self.kv.n_keep(seq_id, n)
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         self.kv.seq_cp(src, dst, p0, p1)

@@ -6,6 +6,12 @@ data), except ``seq_add``/``seq_div``, whose position changes are applied to the
 by re-roping them before the next decode (llama.cpp's K-shift). Storage is
 ``[n_layer, n_head_kv, n_ctx, row_bytes]`` per K and V in the cache type (F16 by default,
 F32 or Q8_0), allocated zeroed (pages are only backed once used).
+
+With ``n_swa > 0`` the cache holds sliding-window layers (the window part of
+:class:`~.iswa.ISWACache`): a cell whose one sequence has moved ``n_swa`` or more positions
+past it is as good as free when cells are searched, and taking it drops that sequence's
+older positions (llama.cpp's ``find_slot`` / ``apply_ubatch`` with an SWA mask), so the
+cache needs only the window plus a ubatch of cells.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from ..errors import LlamacpyError, UsageError
 from ..models.common import lazy_zeros
 from ..ops.attention import KV_F16, KV_F32, KV_Q8_0, kv_row_bytes, rope_shift_rows
 from .batch import UBatch
-from .memory import Memory
+from .memory import Memory, Slots
 
 CACHE_TYPES = {"f32": KV_F32, "f16": KV_F16, "q8_0": KV_Q8_0}
 N_KV_PAD = 256  # ggml pads the attended range to a multiple of 256 cells
@@ -48,9 +54,10 @@ class KVCache(Memory):
         type_v: str = "f16",
         n_seq_max: int = 1,
         zeros=lazy_zeros,
+        n_swa: int = 0,
     ) -> None:
         """``zeros(shape, dtype)``: the storage of the K and V cells (the model's backend's
-        memory; numpy arrays on the CPU)."""
+        memory; numpy arrays on the CPU); ``n_swa``: the layers' sliding window (0: none)."""
         self.type_k, self.type_v = cache_type(type_k), cache_type(type_v)
         for t in (self.type_k, self.type_v):
             if t == KV_Q8_0 and head_dim % 32:
@@ -58,6 +65,7 @@ class KVCache(Memory):
                     f"a Q8_0 KV cache needs a head size multiple of 32, not {head_dim}"
                 )
         self.n_ctx, self.n_seq_max, self.head_dim = n_ctx, n_seq_max, head_dim
+        self.n_swa = n_swa
         rb = max(kv_row_bytes(self.type_k, head_dim), kv_row_bytes(self.type_v, head_dim))
         self.row_bytes = rb
         self.k = zeros((n_layer, n_head_kv, n_ctx, rb), np.uint8)
@@ -72,12 +80,23 @@ class KVCache(Memory):
         self._arrays: tuple | None = None
 
     def forward_arrays(self) -> tuple:
-        """``(k, v, info)``: the cells flat (views, no copies) and ``info`` = k type, v type,
-        row bytes, cells."""
+        """``(k, v, k_swa, v_swa, info)``: the cells flat (views, no copies; the window
+        part is the same cache: a model with sliding-window layers gets an
+        :class:`~.iswa.ISWACache`) and ``info`` = k type, v type, row bytes, cells, cells."""
         if self._arrays is None:
-            info = np.array([self.type_k, self.type_v, self.row_bytes, self.n_ctx], np.int64)
-            self._arrays = (self.k.reshape(-1), self.v.reshape(-1), info)
+            info = np.array(
+                [self.type_k, self.type_v, self.row_bytes, self.n_ctx, self.n_ctx], np.int64
+            )
+            k, v = self.k.reshape(-1), self.v.reshape(-1)
+            self._arrays = (k, v, k, v, info)
         return self._arrays
+
+    def prepare(self, ub: UBatch) -> Slots:
+        """Place the ubatch; its cells, attended range and mask (for every layer)."""
+        cells = self.place(ub)
+        n_kv = self.n_kv()
+        mask = self.mask(ub, n_kv, self.n_swa)
+        return Slots(cells, n_kv, mask, cells, n_kv, mask)
 
     # ------------------------------------------------------------------ queries
     @property
@@ -278,6 +297,11 @@ class KVCache(Memory):
 
     def set_state(self, state: dict[str, np.ndarray]) -> None:
         """Replace the cache's contents by a :meth:`get_state` snapshot (cells 0..n-1)."""
+        self._load(self.check_state(state))
+
+    def check_state(self, state: dict[str, np.ndarray]) -> tuple:
+        """The arrays of a :meth:`get_state` snapshot, checked against this cache's layout
+        (a ``UsageError`` naming the mismatch; nothing is changed)."""
         try:
             layout = np.asarray(state["layout"])
             k, v, pos = state["k"], state["v"], np.asarray(state["pos"], np.int32)
@@ -300,6 +324,11 @@ class KVCache(Memory):
             or shift.shape != (n,)
         ):
             raise UsageError(f"KV cache state: arrays do not match {n} cells of shape {want}")
+        return k, v, pos, seq, shift
+
+    def _load(self, arrays: tuple) -> None:
+        k, v, pos, seq, shift = arrays
+        n = len(pos)
         self.clear()
         self.k[:, :, :n] = k
         self.v[:, :, :n] = v
@@ -324,15 +353,16 @@ class KVCache(Memory):
         if h + n <= self.n_ctx and (self.pos[h : h + n] < 0).all():
             cells = np.arange(h, h + n, dtype=np.int32)  # the usual case: free run at the head
         else:
-            free = np.nonzero(self.pos < 0)[0]
-            if free.size < n:
+            usable = np.nonzero(self._usable())[0]
+            if usable.size < n:
                 raise KVCacheFullError(
-                    f"the KV cache is full: {n} tokens need cells but only {free.size} of "
+                    f"the KV cache is full: {n} tokens need cells but only {usable.size} of "
                     f"{self.n_ctx} are free; remove sequences (seq_rm) or use a larger n_ctx"
                 )
-            # first free cells from the head on, wrapping around (as llama.cpp's search)
-            order = np.concatenate([free[free >= h], free[free < h]])
+            # first usable cells from the head on, wrapping around (as llama.cpp's search)
+            order = np.concatenate([usable[usable >= h], usable[usable < h]])
             cells = order[:n].astype(np.int32)
+        dropped = self._take(cells)
         self.pos[cells] = ub.pos
         if sid.shape[1] == 1 and self.seq.shape[1] == 1:
             self.seq[cells, 0] = np.uint64(1) << sid[:, 0].astype(np.uint64)
@@ -342,13 +372,44 @@ class KVCache(Memory):
                 for s in ids[ids >= 0]:
                     w, b = divmod(int(s), 64)
                     self.seq[c, w] |= np.uint64(1 << b)
-        last = int(cells.max()) + 1
-        self.head = last if last < self.n_ctx else 0
-        self._top = max(self._top, last)
+        self._top = max(self._top, int(cells.max()) + 1)
         for s in seqs:
             new = int(ub.pos[-1]) if len(seqs) == 1 else int(ub.pos[(sid == s).any(axis=1)].max())
             self._pmax[s] = max(prev[s], new)
+        for s, p in dropped.items():
+            # every position of a sequence up to the last one overwritten goes: a sequence
+            # keeps an unbroken run of positions (llama.cpp's purge)
+            pmin = self.seq_pos_min(s)
+            if 0 <= pmin <= p:
+                self.seq_rm(s, pmin, p + 1)
+        last = int(cells[-1]) + 1  # llama.cpp: the head moves past the last cell taken
+        self.head = last if last < self.n_ctx else 0
         return cells
+
+    def _usable(self) -> np.ndarray:
+        """Cells a ubatch may take: free ones and, in a sliding-window cache, cells of one
+        sequence at least ``n_swa`` positions behind that sequence's next position."""
+        usable = self.pos < 0
+        if self.n_swa <= 0:
+            return usable
+        one = ((self.seq != 0).sum(axis=1) == 1) & ((self.seq & (self.seq - 1)) == 0).all(1)
+        for s, pmax in self.seq_pos_max_all().items():
+            usable |= one & self._has(s) & (pmax + 1 - self.pos >= self.n_swa)
+        return usable
+
+    def _take(self, cells: np.ndarray) -> dict[int, int]:
+        """Empty the cells still in use among ``cells`` (only a sliding-window cache takes
+        such cells); returns sequence -> highest position dropped."""
+        held = cells[self.pos[cells] >= 0]
+        dropped: dict[int, int] = {}
+        for c in held.tolist():
+            w = int(np.flatnonzero(self.seq[c])[0])
+            s = 64 * w + int(self.seq[c, w]).bit_length() - 1
+            dropped[s] = max(dropped.get(s, -1), int(self.pos[c]))
+        if held.size:
+            self._free(held)
+            self._pmax.clear()
+        return dropped
 
     def mask(self, ub: UBatch, n_kv: int, n_swa: int = 0) -> np.ndarray:
         """``uint8 [n, n_kv]``: 1 where token ``t`` sees cell ``c`` (the cell holds the

@@ -6,22 +6,28 @@ kind of memory a model needs:
 
 * **sequences**: ``seq_rm``, ``seq_cp``, ``seq_keep``, ``seq_add``, ``seq_div`` (positions
   shifted or divided), ``seq_pos_min`` / ``seq_pos_max`` / ``seq_pos_max_all``, ``clear``;
-* **a ubatch**: ``place(ub)`` (the cells its tokens go to; a ``KVCacheFullError`` when none
-  are free), ``n_kv()`` (the cells the forward looks at), ``mask(ub, n_kv, n_swa)`` (which
-  cells each token sees), ``apply_shift(rope, freqs)`` (pending position changes applied
-  to the stored keys before the next forward), ``forward_arrays()`` (what the compiled
-  forward reads and writes);
+* **a ubatch**: ``prepare(ub)`` places its tokens and returns their :class:`Slots` (the
+  cells each token's keys and values go to, the cells the forward looks at, which of them
+  each token sees; for the global layers and for the sliding-window layers; a
+  ``KVCacheFullError`` when no cells are left), ``apply_shift(rope, freqs)`` (pending
+  position changes applied to the stored keys before the next forward),
+  ``forward_arrays()`` (what the compiled forward reads and writes);
 * **state**: ``get_state()`` / ``set_state(state)`` (arrays, for save / restore),
   ``nbytes``, ``n_used``.
 
-:class:`~.kv_cache.KVCache` (the unified KV cache: every layer's keys and values in
-``n_ctx`` shared cells) is the one kind today. The kinds this contract is shaped for:
+The kinds:
 
-* a sliding-window cache (llama.cpp's iSWA): the SWA layers of a gemma3 model keep their
-  own cells, only as many as the window plus a ubatch; cells that left every sequence's
-  window are reused (``place`` frees them), so a long sequence no longer costs ``n_ctx``
-  cells in those layers; ``mask`` and ``forward_arrays`` then come in two parts (global,
-  window), which the forward picks per layer (``L.swa``);
+* :class:`~.kv_cache.KVCache`, the unified KV cache: every layer's keys and values in
+  ``n_ctx`` shared cells;
+* :class:`~.iswa.ISWACache` (llama.cpp's iSWA), for models with sliding-window layers
+  (gemma3): the global layers in a unified cache of ``n_ctx`` cells, the window layers in
+  a second one of only the window plus a ubatch (rounded up to 256), whose cells are taken
+  again once they left their sequence's window; ``Slots`` and ``forward_arrays`` come in
+  two parts, which the forward picks per layer (``L.swa``). A continuation of a cached
+  sequence can keep only what the window part still holds (``n_keep``);
+
+The kinds this contract is shaped for next:
+
 * a recurrent state (hybrid and state-space models): one fixed-size row per sequence per
   recurrent layer instead of cells; ``seq_cp`` copies the row, ``seq_rm`` of a sequence's
   tail is refused unless it removes the whole sequence (as llama.cpp's recurrent memory),
@@ -32,10 +38,25 @@ kind of memory a model needs:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 import numpy as np
 
 from .batch import UBatch
+
+
+@dataclass
+class Slots:
+    """Where a ubatch went: per layer kind (global, sliding-window) the cell of each token
+    (int32 ``[n]``), the cells the forward's attention looks at (``n_kv``: the first ones)
+    and the mask (uint8 ``[n, n_kv]``, 1 where token ``t`` sees cell ``c``)."""
+
+    cells: np.ndarray
+    n_kv: int
+    mask: np.ndarray
+    cells_swa: np.ndarray
+    n_kv_swa: int
+    mask_swa: np.ndarray
 
 
 class Memory(ABC):
@@ -79,19 +100,16 @@ class Memory(ABC):
     def clear(self) -> None:
         """Forget everything."""
 
+    def n_keep(self, seq_id: int, n: int) -> int:
+        """How many of a sequence's first positions a continuation from position ``n`` can
+        keep: ``n``, or 0 when the memory no longer holds what the next token needs (a
+        sliding-window part that dropped the positions inside its window)."""
+        return n
+
     # ------------------------------------------------------------------ one ubatch
     @abstractmethod
-    def place(self, ub: UBatch) -> np.ndarray:
-        """The cells of the ubatch's tokens (taken for them)."""
-
-    @abstractmethod
-    def n_kv(self) -> int:
-        """Cells the forward's attention looks at."""
-
-    @abstractmethod
-    def mask(self, ub: UBatch, n_kv: int, n_swa: int = 0) -> np.ndarray:
-        """Which of the first ``n_kv`` cells each token of the ubatch sees (``n_swa``: only
-        the last ``n_swa`` positions of its sequence)."""
+    def prepare(self, ub: UBatch) -> Slots:
+        """Place the ubatch's tokens (taking cells for them) and say where they went."""
 
     @abstractmethod
     def apply_shift(self, rope, freqs: np.ndarray) -> None:

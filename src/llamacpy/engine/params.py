@@ -26,6 +26,8 @@ class ContextParams:
     n_threads_batch: int = 0  # prompt processing
     type_k: str = "f16"
     type_v: str = "f16"
+    # sliding-window layers keep every cell (n_ctx) instead of the window plus a ubatch
+    swa_full: bool = False
     use_mmap: bool = True
     use_mlock: bool = False
     threading_layer: str = "omp"

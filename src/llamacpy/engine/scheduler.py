@@ -365,6 +365,8 @@ class Scheduler:
         if r.cache_prompt and not r.prompt_logits:
             n_keep = common_prefix(slot.tokens, r.prompt)
             n_keep = min(n_keep, len(r.prompt) - 1)  # decode the last one again: its logits
+            if n_keep < len(slot.tokens):  # a sliding-window cache may not go back that far
+                n_keep = self.ctx.n_keep(slot.id, n_keep)
         if n_keep < len(slot.tokens):
             self.ctx.seq_rm(slot.id, n_keep, -1)
             del slot.tokens[n_keep:]

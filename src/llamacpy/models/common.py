@@ -108,7 +108,12 @@ class UBatchArrays:
     mask: np.ndarray  # uint8 [n, n_kv], 1 where token t may attend cell c
     n_kv: int  # cells 0..n_kv are considered (ggml pads the used range to 256)
     out_idx: np.ndarray  # int32 [n_out], tokens whose logits are wanted
-    mask_swa: np.ndarray | None = None  # the mask of sliding-window layers (None: ``mask``)
+    # the sliding-window layers' cells, mask and range (their own cache, engine.iswa)
+    cells_swa: np.ndarray | None = None  # None: ``cells``, ``mask``, ``n_kv``
+    mask_swa: np.ndarray | None = None
+    n_kv_swa: int = 0
+    mode: int = 0  # attention kernel (stages.MODE_*) of the global layers
+    mode_swa: int = 0  # ... and of the sliding-window layers
 
 
 def lazy_zeros(shape, dtype) -> np.ndarray:

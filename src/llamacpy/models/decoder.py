@@ -222,6 +222,9 @@ class Decoder:
             row["swa"] = int(self.layer_swa[il])
             row["rope"] = int(self.layer_rope(il))
             row["index"] = il
+            # the layer's place among the layers of its kind: its layer in the cache that
+            # holds that kind (engine.iswa: global and sliding-window layers apart)
+            row["kv_index"] = sum(s == self.layer_swa[il] for s in self.layer_swa[:il])
             row["last"] = int(il == hp.n_layer - 1)
         self.layer_table = lt
         kq_scale, q_scale = self.attention_scales()
@@ -259,22 +262,25 @@ class Decoder:
         return self.backend.workspace(Workspace, self.hparams, n_tokens, n_threads)
 
     def forward(
-        self, ws: Workspace, ub: UBatchArrays, kv_arrays: tuple, mode: int, n_threads: int
+        self, ws: Workspace, ub: UBatchArrays, kv_arrays: tuple, n_threads: int
     ) -> np.ndarray:
         """Run one ubatch; returns the logits ``[n_out, n_vocab]`` (a view into ``ws``)."""
         n_out = len(ub.out_idx)
         ws.ensure_outputs(n_out)
-        info = np.array([len(ub.tokens), ub.n_kv, mode, n_out], np.int64)
+        win = ub.cells_swa is not None
+        cells_swa = ub.cells_swa if win else ub.cells
+        mask_swa = ub.mask_swa if win else ub.mask
+        n_kv_swa, mode_swa = (ub.n_kv_swa, ub.mode_swa) if win else (ub.n_kv, ub.mode)
+        info = np.array([len(ub.tokens), ub.n_kv, ub.mode, n_out, n_kv_swa, mode_swa], np.int64)
         st = self.store
         W, WD, NF = st.arrays_unchecked()
-        mask_swa = ub.mask if ub.mask_swa is None else ub.mask_swa
         args = (
             self.fmask,
             n_threads,
             self.model_row,
             self.layer_table,
-            (W, WD, NF, self.rope_arr, self.rope_factors(int(kv_arrays[2][3]))),
-            (ub.tokens, ub.pos, ub.cells, ub.mask, mask_swa, ub.out_idx, info),
+            (W, WD, NF, self.rope_arr, self.rope_factors(int(kv_arrays[-1][3]))),
+            (ub.tokens, ub.pos, ub.cells, cells_swa, ub.mask, mask_swa, ub.out_idx, info),
             kv_arrays,
             ws.scratch(),
             ws.state,

@@ -1,7 +1,7 @@
 """The executable specification of the decoder forward: a numpy function per stage name of
 :mod:`.stages`, run in the order of the architecture's ``block``.
 
-``Reference(model).forward(ub, kv, mode, n_threads)`` walks ``type(model).block`` (the
+``Reference(model).forward(ub, kv, n_threads)`` walks ``type(model).block`` (the
 declaration :mod:`.compose` builds the compiled forward from) and calls :data:`STAGES` of
 each name on every layer. It reads what the compiled forward reads: the layer table and the
 model row by field name, the repacked weights, the model's rope settings and the context's
@@ -31,14 +31,24 @@ _F32 = np.float32
 
 
 @dataclass
+class Part:
+    """The KV cache of one layer kind (global, sliding-window) as a ubatch sees it."""
+
+    kc: np.ndarray  # K cache [layers of the kind, n_head_kv, cells, row bytes]
+    vc: np.ndarray  # V cache, likewise
+    cells: np.ndarray  # the cell of each token
+    mask: np.ndarray  # [n, n_kv]
+    n_kv: int
+    mode: int  # attention regime (stages.MODE_*)
+
+
+@dataclass
 class Pass:
     """The state of one ubatch going through the network (what the stages read and write)."""
 
     ub: UBatchArrays
-    mode: int  # attention regime (stages.MODE_*)
     n_threads: int  # chunks of the decode-split attention
-    kc: np.ndarray  # K cache [n_layer, n_head_kv, n_ctx, row bytes]
-    vc: np.ndarray  # V cache, likewise
+    parts: tuple[Part, Part]  # global, sliding-window
     k_type: int
     v_type: int
     factors: np.ndarray  # rope frequency factors of the context (empty: none)
@@ -95,14 +105,20 @@ class Reference:
         return rms_norm_numpy(x, self.vec(offset, x.shape[-1]), self.M["eps"])
 
     # ------------------------------------------------------------------ forward
-    def forward(self, ub: UBatchArrays, kv: tuple, mode: int, n_threads: int = 2) -> np.ndarray:
+    def forward(self, ub: UBatchArrays, kv: tuple, n_threads: int = 2) -> np.ndarray:
         """Logits ``[n_out, n_vocab]`` of the ubatch; writes the ubatch's K/V into ``kv``."""
         M, model = self.M, self.model
-        kc, vc, info = kv
-        k_type, v_type, rowb, n_ctx = (int(v) for v in info[:4])
-        shape = (-1, int(M["n_head_kv"]), n_ctx, rowb)  # flat caches -> [layer, head, cell]
+        kc, vc, kcs, vcs, info = kv
+        k_type, v_type, rowb, n_ctx, n_ctx_swa = (int(v) for v in info[:5])
+        hk = int(M["n_head_kv"])  # flat caches -> [layer, head, cell]
+        glob = Part(kc.reshape(-1, hk, n_ctx, rowb), vc.reshape(-1, hk, n_ctx, rowb),
+                    ub.cells, ub.mask, ub.n_kv, ub.mode)  # fmt: skip
+        win = glob
+        if ub.cells_swa is not None:
+            win = Part(kcs.reshape(-1, hk, n_ctx_swa, rowb), vcs.reshape(-1, hk, n_ctx_swa, rowb),
+                       ub.cells_swa, ub.mask_swa, ub.n_kv_swa, ub.mode_swa)  # fmt: skip
         p = Pass(
-            ub, mode, n_threads, kc.reshape(shape), vc.reshape(shape), k_type, v_type,
+            ub, n_threads, (glob, win), k_type, v_type,
             np.asarray(model.rope_factors(n_ctx), _F32), embed(self, ub.tokens),
         )  # fmt: skip
         for L in model.layer_table[: M["n_layer"]]:
@@ -194,26 +210,26 @@ def scale_q(r: Reference, p: Pass, L) -> None:
 
 
 def kv_store(r: Reference, p: Pass, L) -> None:
-    """Write k and v of each token into its cache cell (in the cache's type)."""
-    d, li = int(r.M["head_dim"]), int(L["index"])
+    """Write k and v of each token into its cache cell (in the cache's type; the layer's
+    kind's cache)."""
+    d, li, part = int(r.M["head_dim"]), int(L["kv_index"]), p.parts[int(L["swa"] != 0)]
     k, v = _heads(p.k, d), _heads(p.v, d)
-    for t, cell in enumerate(p.ub.cells):
+    for t, cell in enumerate(part.cells):
         for hk in range(k.shape[1]):
-            store_row_numpy(p.kc[li, hk, cell], k[t, hk], p.k_type)
-            store_row_numpy(p.vc[li, hk, cell], v[t, hk], p.v_type)
+            store_row_numpy(part.kc[li, hk, cell], k[t, hk], p.k_type)
+            store_row_numpy(part.vc[li, hk, cell], v[t, hk], p.v_type)
 
 
 def attention(r: Reference, p: Pass, L) -> None:
-    """``att = softmax(q . K^T * kq_scale + mask) . V`` over the cached cells (the
-    sliding-window mask in SWA layers)."""
-    d, li, ub = int(r.M["head_dim"]), int(L["index"]), p.ub
-    mask = ub.mask_swa if L["swa"] != 0 and ub.mask_swa is not None else ub.mask
+    """``att = softmax(q . K^T * kq_scale + mask) . V`` over the cached cells (SWA layers:
+    their own cache and sliding-window mask)."""
+    d, li, part = int(r.M["head_dim"]), int(L["kv_index"]), p.parts[int(L["swa"] != 0)]
     keys, vals = (
-        np.stack([load_rows_numpy(rows[: ub.n_kv], d, t) for rows in cache[li]])
-        for cache, t in ((p.kc, p.k_type), (p.vc, p.v_type))
+        np.stack([load_rows_numpy(rows[: part.n_kv], d, t) for rows in cache[li]])
+        for cache, t in ((part.kc, p.k_type), (part.vc, p.v_type))
     )
     att = attention_numpy(
-        _heads(p.q, d), keys, vals, mask[:, : ub.n_kv], p.k_type, p.v_type, p.mode,
+        _heads(p.q, d), keys, vals, part.mask[:, : part.n_kv], p.k_type, p.v_type, part.mode,
         p.n_threads, r.M["kq_scale"],
     )  # fmt: skip
     p.att = att.reshape(len(att), -1)

@@ -38,7 +38,7 @@ from ..ops.attention import (
     attention_tiled,
     store_row,
 )
-from ..ops.dequant import get_row
+from ..ops.dequant import get_row_sel
 from ..ops.matmul import matmul_sel, prepare_acts
 from ..ops.norm import head_rms_norm, rms_norm
 from ..ops.rope import rope_apply, rope_cache
@@ -52,7 +52,8 @@ NONE = -1  # a matrix index / vector offset of a tensor the layer does not have
 # One row per layer. Matrices: index into the weight store; vectors: offset into its float
 # buffer; need_*: activation kinds the matrices reading that input consume
 # (ops.matmul.act_need); swa: sliding-window layer; rope: keys and queries are rotated;
-# index: the layer's number; last: 1 in the last layer.
+# index: the layer's number; kv_index: its layer in the cache of its kind (global or
+# sliding-window); last: 1 in the last layer.
 LAYER_DTYPE = np.dtype(
     [
         (name, np.int64)
@@ -80,6 +81,7 @@ LAYER_DTYPE = np.dtype(
             "swa",
             "rope",
             "index",
+            "kv_index",
             "last",
         )
     ]
@@ -115,10 +117,13 @@ STATE_DTYPE = np.dtype([("n_rows", np.int64)] + [
 # Q, KN, VN projections; ATT attention output; G, U gate / up; A, AP activation buffers
 # (shared, private per thread); XP private rows; LOG logits; TS per-thread attention
 # scratch; prof cycles per stage.
+# The KV cache a layer kind uses (global, sliding-window): flat K and V cells, the cell of
+# each token, the mask, the cells attended, the attention kernel, the bytes between heads.
+KVPart = namedtuple("KVPart", "KC VC cells mask n_kv mode hstride")
 Ctx = namedtuple(
     "Ctx",
-    "fmask tid nth M W WD NF RP FF tokens pos cells mask mask_swa out_idx n_tok n_kv mode "
-    "n_out KC VC k_type v_type rowb hstride X XN Q KN VN ATT G U A AP XP LOG TS prof bar st",
+    "fmask tid nth M W WD NF RP FF tokens pos out_idx n_tok n_out kv kv_swa k_type v_type "
+    "rowb X XN Q KN VN ATT G U A AP XP LOG TS prof bar st",
 )
 
 
@@ -126,17 +131,17 @@ Ctx = namedtuple(
 def context(fmask, tid, nth, MA, WT, UB, KV, S, STATE, bar):
     """The worker's :class:`Ctx` (see :mod:`.compose` for the argument groups)."""
     W, WD, NF, RP, FF = WT
-    tokens, pos, cells, mask, mask_swa, out_idx, ui = UB
-    KC, VC, kvi = KV
+    tokens, pos, cells, cells_swa, mask, mask_swa, out_idx, ui = UB
+    KC, VC, KCs, VCs, kvi = KV
     X, XN, Q, KN, VN, ATT, G, U, A, AP, XP, LOG, TS, prof = S
-    rowb, n_ctx = kvi[2], kvi[3]
+    rowb = kvi[2]
     st = STATE[tid]
     st.n_rows = ui[0]
     return Ctx(
-        fmask, tid, nth, MA[0], W, WD, NF, RP, FF, tokens, pos, cells, mask, mask_swa,
-        out_idx, ui[0], ui[1], ui[2], ui[3], KC, VC, kvi[0], kvi[1], rowb,
-        n_ctx * rowb,  # bytes between the KV heads of a layer in the flat caches
-        X, XN, Q, KN, VN, ATT, G, U, A, AP, XP, LOG, TS, prof, bar, st,
+        fmask, tid, nth, MA[0], W, WD, NF, RP, FF, tokens, pos, out_idx, ui[0], ui[3],
+        KVPart(KC, VC, cells, mask, ui[1], ui[2], kvi[3] * rowb),
+        KVPart(KCs, VCs, cells_swa, mask_swa, ui[4], ui[5], kvi[4] * rowb),
+        kvi[0], kvi[1], rowb, X, XN, Q, KN, VN, ATT, G, U, A, AP, XP, LOG, TS, prof, bar, st,
     )  # fmt: skip
 
 
@@ -224,7 +229,7 @@ def embed(c, clk):
     emb, n_embd = M.token_embd, M.n_embd
     t0, t1 = _token_rows(c)
     for t in range(t0, t1):
-        get_row(c.W, c.WD[emb, 1], c.WD[emb, 0], n_embd, c.tokens[t], c.X[t])
+        get_row_sel(c.fmask, c.W, c.WD[emb, 1], c.WD[emb, 0], n_embd, c.tokens[t], c.X[t])
         if M.embd_scale != 1.0:
             for i in range(n_embd):
                 c.X[t, i] *= M.embd_scale
@@ -311,30 +316,30 @@ def scale_q(c, L, clk):
 def kv_store(c, L, clk):
     """Write k and v of each token into its cache cell (in the cache's type)."""
     M = c.M
-    hd, base = M.head_dim, _layer_base(c, L)
+    kv = c.kv_swa if L.swa != 0 else c.kv
+    hd, base = M.head_dim, _layer_base(c, L, kv)
     t0, t1 = _token_rows(c)
     for t in range(t0, t1):
         for h in range(M.n_head_kv):
-            o = base + h * c.hstride + c.cells[t] * c.rowb
-            store_row(c.KN[t], h * hd, hd, c.k_type, c.KC, o)
-            store_row(c.VN[t], h * hd, hd, c.v_type, c.VC, o)
+            o = base + h * kv.hstride + kv.cells[t] * c.rowb
+            store_row(c.KN[t], h * hd, hd, c.k_type, kv.KC, o)
+            store_row(c.VN[t], h * hd, hd, c.v_type, kv.VC, o)
     return _sync(c, tick(c.prof, c.tid, P_ROPE, clk))
 
 
 @njit(cache=True, inline="always")
-def _layer_base(c, L):
-    """Byte offset of the layer's first head in the flat caches."""
-    return L.index * c.M.n_head_kv * c.hstride
+def _layer_base(c, L, kv):
+    """Byte offset of the layer's first head in the flat caches of its kind."""
+    return L.kv_index * c.M.n_head_kv * kv.hstride
 
 
 @njit(cache=True)
 def attention(c, L, clk):
     """``att = softmax(q . K^T * kq_scale + mask) . V`` over the cached cells the layer may
-    see (the sliding-window mask in SWA layers)."""
-    M = c.M
-    lmask = c.mask_swa if L.swa != 0 else c.mask
-    gqa = M.n_head // M.n_head_kv
-    _attention(c, _layer_base(c, L), lmask, gqa)
+    see (sliding-window layers: their own cache and mask)."""
+    kv = c.kv_swa if L.swa != 0 else c.kv
+    gqa = c.M.n_head // c.M.n_head_kv
+    _attention(c, kv, _layer_base(c, L, kv), gqa)
     return _sync(c, tick(c.prof, c.tid, P_ATTN, clk))
 
 
@@ -446,26 +451,27 @@ def head(c, clk):
 
 
 @njit(cache=True, inline="always")
-def _attention(c, lbase, mask, gqa):
+def _attention(c, kv, lbase, gqa):
     M = c.M
     tid, nth = c.tid, c.nth
     _rc, qv, qq, vbuf, res, kt, vt, pt, st, pm, ps, pv, tmp = c.TS
     hd, kq = M.head_dim, M.kq_scale
-    if c.mode == MODE_SPLIT:  # decode over a long cache: one chunk of cells per thread
+    if kv.mode == MODE_SPLIT:  # decode over a long cache: one chunk of cells per thread
         attention_split_partial(
-            tid, nth, c.n_kv, M.n_head, gqa, hd, kq, c.k_type, c.v_type, c.rowb, c.Q, c.KC,
-            c.VC, lbase, c.hstride, mask, qv[tid], qq[tid], vbuf[tid], res[tid], pm, ps, pv,
+            tid, nth, kv.n_kv, M.n_head, gqa, hd, kq, c.k_type, c.v_type, c.rowb, c.Q, kv.KC,
+            kv.VC, lbase, kv.hstride, kv.mask, qv[tid], qq[tid], vbuf[tid], res[tid], pm, ps,
+            pv,
         )  # fmt: skip
         barrier(c.bar, nth)
         attention_split_merge(tid, nth, M.n_head, hd, pm, ps, pv, c.ATT, tmp[tid])
-    elif c.mode == MODE_ROWS:
+    elif kv.mode == MODE_ROWS:
         attention_rows(
-            tid, nth, c.n_tok, c.n_kv, M.n_head, gqa, hd, kq, c.k_type, c.v_type, c.rowb,
-            c.Q, c.KC, c.VC, lbase, c.hstride, mask, c.ATT, qv[tid], qq[tid], vbuf[tid],
+            tid, nth, c.n_tok, kv.n_kv, M.n_head, gqa, hd, kq, c.k_type, c.v_type, c.rowb,
+            c.Q, kv.KC, kv.VC, lbase, kv.hstride, kv.mask, c.ATT, qv[tid], qq[tid], vbuf[tid],
             res[tid],
         )  # fmt: skip
     else:
         attention_tiled(
-            tid, nth, c.n_tok, c.n_kv, M.n_head, gqa, hd, kq, c.k_type, c.rowb, c.Q, c.KC,
-            c.VC, lbase, c.hstride, mask, c.ATT, kt[tid], vt[tid], pt[tid], st[tid],
+            tid, nth, c.n_tok, kv.n_kv, M.n_head, gqa, hd, kq, c.k_type, c.rowb, c.Q, kv.KC,
+            kv.VC, lbase, kv.hstride, kv.mask, c.ATT, kt[tid], vt[tid], pt[tid], st[tid],
         )  # fmt: skip

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
+from numba.core.errors import TypingError
 from numba.extending import overload
 
 from ..gguf.constants import GGMLType
@@ -68,6 +69,33 @@ def _row_any_ov(t, w, off, ncols, row, out):
     chain = _chain(traits.all_traits())
 
     def impl(t, w, off, ncols, row, out):
+        chain(t, w, off, ncols, row, out)
+
+    return impl
+
+
+def get_row_sel(fset, w, off, t, ncols, row, out):
+    """Inside numba: :func:`get_row` among the formats of ``fset`` (a
+    :class:`~.matmul.FormatSet`): a model's forward compiles only its own formats' decoders
+    (all of them took ~40 s to compile)."""
+    raise NotImplementedError("only callable from numba-compiled code")
+
+
+_ROW_CHAINS: dict[int, object] = {}
+
+
+@overload(get_row_sel)
+def _get_row_sel_ov(fset, w, off, t, ncols, row, out):
+    from .matmul import FormatSetType
+
+    if not isinstance(fset, FormatSetType):
+        raise TypingError("get_row_sel: the first argument must be a FormatSet")
+    m = fset.mask
+    chain = _ROW_CHAINS.get(m)
+    if chain is None:
+        chain = _ROW_CHAINS[m] = _chain([tr for tr in traits.all_traits() if m >> tr.id & 1])
+
+    def impl(fset, w, off, t, ncols, row, out):
         chain(t, w, off, ncols, row, out)
 
     return impl
