@@ -14,6 +14,7 @@ import numpy as np
 from numba import njit, prange
 
 from llamacpy.gguf.constants import GGML_BLOCK_SIZES, GGMLType
+from llamacpy.quants._block32 import block_absmax, vstore_u8
 from llamacpy.quants._helpers import (
     F0,
     F32,
@@ -25,8 +26,19 @@ from llamacpy.quants._helpers import (
     run_quantize,
     run_quantize_np,
 )
+from llamacpy.quants._lanes import vblend, vlt
 from llamacpy.quants._registry import QuantFormat, register
-from llamacpy.simd import vload_f32, vload_u8, vperm_f32, vsplat_f32, vsrl, vstore_f32
+from llamacpy.simd import (
+    vabs,
+    vload_f32,
+    vload_u8,
+    vperm_f32,
+    vsll,
+    vsplat_f32,
+    vsplat_i32,
+    vsrl,
+    vstore_f32,
+)
 
 TYPE = GGMLType.MXFP4
 QK, TYPE_SIZE = GGML_BLOCK_SIZES[TYPE]
@@ -92,33 +104,29 @@ def block_exponent(amax):
 
 
 @njit(cache=True, error_model="numpy")
-def best_index(x, d):
-    """``best_index_mxfp4``: the first code whose value ``KVALUES[i] * d`` is nearest ``x``."""
-    best = 0
-    best_err = abs(KVALUES_F32[0] * d - x)
+def best_indices(v, d):
+    """``best_index_mxfp4`` of 16 values at once: the first code whose value
+    ``KVALUES[i] * d`` is nearest (a NaN gets code 0: C's ``err < best_err`` is false)."""
+    best = vabs(vsplat_f32(KVALUES_F32[0] * d) - v)
+    idx = vsplat_i32(0)
     for i in range(1, 16):
-        err = abs(KVALUES_F32[i] * d - x)
-        if err < best_err:
-            best = i
-            best_err = err
-    return best
+        err = vabs(vsplat_f32(KVALUES_F32[i] * d) - v)
+        better = vlt(err, best)
+        idx = vblend(better, vsplat_i32(i), idx)
+        best = vblend(better, err, best)
+    return idx
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def _quantize_ref_kernel(x, out):
-    """``quantize_row_mxfp4_ref``, one block per step."""
+    """``quantize_row_mxfp4_ref``, one block (two 16-lane halves) per step."""
     for i in prange(x.size // QK):
-        xb = x[i * QK : (i + 1) * QK]
-        amax = F0
-        for j in range(QK):
-            if amax < abs(xb[j]):
-                amax = abs(xb[j])
-        e = block_exponent(amax)
+        mx, v0, v1 = block_absmax(x, i * QK)  # the NaN-skipping |max| (as its signed value)
+        e = block_exponent(abs(mx))
         d = e8m0_half(e)
         o = i * TYPE_SIZE
         out[o] = e
-        for j in range(QK // 2):
-            out[o + 1 + j] = best_index(xb[j], d) | (best_index(xb[j + QK // 2], d) << 4)
+        vstore_u8(out, o + 1, best_indices(v0, d) | vsll(best_indices(v1, d), 4))
 
 
 def quantize(x, imatrix=None, out=None) -> np.ndarray:
