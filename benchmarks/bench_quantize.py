@@ -55,6 +55,7 @@ FORMATS = [
     "Q6_K",
     "IQ4_NL",
     "IQ4_XS",
+    "MXFP4",
 ]
 PRESETS = ("Q8_0", "Q4_0", "Q4_K_M")
 CHUNK_ROWS = 64  # rows of 4096 values: 256K values per work item (as our pipeline)

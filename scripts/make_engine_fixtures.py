@@ -4,12 +4,13 @@
 Run from the repository root with the project's venv::
 
     .venv/bin/python scripts/make_engine_fixtures.py [--oracle-py /root/oracle/py]
-        [--bin /root/oracle/.../build/bin] [--only tiny|smollm2]
+        [--bin /root/oracle/.../build/bin] [--only tiny|smollm2] [--tiny-cases MXFP4,...]
 
 Writes into ``tests/fixtures/engine/``:
 
 * ``tiny_logits.npz``: for every weight format, logits of llama.cpp on a tiny random llama
-  model (``llamacpy.models.tiny``, seed 1; the tests rebuild the same file) and its sha256;
+  model (``llamacpy.models.tiny``, seed 1; the tests rebuild the same file) and its sha256
+  (``--tiny-cases``: only those cases, e.g. a new format, merged into the existing file);
 * ``smollm2.npz`` + ``smollm2.json``: SmolLM2 on ``text.txt`` split as ``llama-perplexity
   -c 512 -b 512`` does: token ids, llama.cpp's top-1 token at every position, the
   log-probability of each next token in the scored halves, the perplexity (also from the
@@ -67,10 +68,18 @@ def oracle(py: str, code: str) -> dict:
 TINY_ROPES = ("linear", "yarn", "llama3")  # rope variants, on Q8_0 models
 
 
-def make_tiny(py: str) -> None:
+def make_tiny(py: str, only: set[str] | None = None) -> None:
+    """Every case, or the cases named in ``only`` added to (or replaced in) the current file."""
     out: dict[str, np.ndarray] = {"tokens": np.array(TINY_TOKENS, np.int32)}
     cases = [(t.name, t, "none") for t in supported_types()]
     cases += [(f"rope_{r}", GGMLType.Q8_0, r) for r in TINY_ROPES]
+    if only:
+        unknown = only - {name for name, _, _ in cases}
+        if unknown:
+            raise SystemExit(f"unknown tiny cases: {', '.join(sorted(unknown))}")
+        with np.load(FIX / "tiny_logits.npz") as old:
+            out = {k: old[k] for k in old.files} | out
+        cases = [c for c in cases if c[0] in only]
     with tempfile.TemporaryDirectory() as tmp:
         for name, t, rope in cases:
             path = Path(tmp) / f"tiny_{name}.gguf"
@@ -235,10 +244,11 @@ def main() -> None:
     ap.add_argument("--oracle-py", default="/root/oracle/py")
     ap.add_argument("--bin", default=DEFAULT_BIN, help="llama.cpp tools directory")
     ap.add_argument("--only", choices=("tiny", "smollm2"))
+    ap.add_argument("--tiny-cases", help="comma-separated tiny cases (e.g. MXFP4) to regenerate")
     a = ap.parse_args()
     FIX.mkdir(parents=True, exist_ok=True)
     if a.only in (None, "tiny"):
-        make_tiny(a.oracle_py)
+        make_tiny(a.oracle_py, set(a.tiny_cases.split(",")) if a.tiny_cases else None)
     if a.only in (None, "smollm2"):
         make_smollm2(a.oracle_py, a.bin)
 

@@ -28,7 +28,7 @@ OUT = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "quants" / "l
 TYPES = [
     GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1,
     GGMLType.Q8_0, GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
-    GGMLType.IQ4_NL, GGMLType.IQ4_XS,
+    GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4,
 ]  # fmt: skip
 N_PER_ROW = 512
 

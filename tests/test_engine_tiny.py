@@ -24,6 +24,7 @@ TOKENS = FIX["tokens"].tolist()
 SEED = 1
 # exact where ggml's order is reproduced (see qdot_legacy); float order elsewhere
 TOL = {GGMLType.Q2_K: 5e-3, GGMLType.F32: 2e-3, GGMLType.F16: 2e-3, GGMLType.BF16: 3e-3}
+TOL[GGMLType.MXFP4] = 0.0  # bit-identical to llama.cpp's
 
 
 def _params(**kw) -> ContextParams:

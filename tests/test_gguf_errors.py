@@ -351,7 +351,7 @@ def test_tensor_bigger_than_file(tmp_path):
 
 @pytest.mark.parametrize(
     ("gtype", "ne0"), [(GGMLType.Q4_0, 33), (GGMLType.Q8_0, 16), (GGMLType.Q4_K, 128),
-                       (GGMLType.Q6_K, 257), (GGMLType.IQ4_NL, 1)],
+                       (GGMLType.Q6_K, 257), (GGMLType.IQ4_NL, 1), (GGMLType.MXFP4, 48)],
 )  # fmt: skip
 def test_row_not_a_multiple_of_block(tmp_path, gtype, ne0):
     block = GGML_BLOCK_SIZES[gtype][0]
@@ -643,6 +643,7 @@ TENSOR_CASES = [
     (GGMLType.Q4_K, (512, 2), None),
     (GGMLType.Q6_K, (256,), None),
     (GGMLType.IQ4_NL, (32, 1, 1, 2), None),
+    (GGMLType.MXFP4, (64, 3), None),
 ]
 
 

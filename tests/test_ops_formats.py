@@ -60,6 +60,17 @@ def test_get_row_matches_numpy_twin(t: GGMLType) -> None:
         np.testing.assert_array_equal(row, full[r])
 
 
+@pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
+def test_bytes_short_of_the_tensor_are_a_clear_error(t: GGMLType) -> None:
+    nrows, ncols = 3, _ncols(t)
+    need = len(_raw(t, nrows, ncols))
+    short = np.zeros(need - 1, np.uint8)
+    msg = rf"{t.name} tensor has {need - 1} bytes, {need} needed"
+    for repack in (formats.repack, formats.repack_numpy):
+        with pytest.raises(ModelError, match=msg):
+            repack(short, t, nrows, ncols)
+
+
 def test_unsupported_type_is_a_clear_error() -> None:
     with pytest.raises(ModelError, match="IQ2_XXS is not supported.*supported: F32"):
         formats.layout(GGMLType.IQ2_XXS, tensor="blk.0.attn_q.weight")

@@ -46,7 +46,7 @@ def test_matmul_matches_numpy_twin(t: GGMLType) -> None:
 
 @pytest.mark.parametrize(
     "t",
-    [GGMLType.Q4_1, GGMLType.Q8_0, GGMLType.Q6_K, GGMLType.IQ4_NL, GGMLType.F16],
+    [GGMLType.Q4_1, GGMLType.Q8_0, GGMLType.Q6_K, GGMLType.IQ4_NL, GGMLType.MXFP4, GGMLType.F16],
     ids=lambda t: t.name,
 )
 def test_results_do_not_depend_on_batch_or_row_split(t: GGMLType) -> None:

@@ -253,9 +253,16 @@ N_EMBD, N_FF, N_VOCAB = 256, 512, 320
 
 
 def _tiny_model(
-    path: Path, *, output: bool = True, n_layer: int = 2, ne0: int = N_EMBD, dtype=GGMLType.F32
+    path: Path,
+    *,
+    output: bool = True,
+    n_layer: int = 2,
+    ne0: int = N_EMBD,
+    dtype=GGMLType.F32,
+    experts: int = 0,
 ) -> dict[str, np.ndarray]:
-    """A small llama-architecture F32 model written in a scrambled tensor order."""
+    """A small llama-architecture F32 model written in a scrambled tensor order (with
+    ``experts``: a 3-D ``ffn_up_exps`` tensor per layer as well)."""
     rng = np.random.default_rng(7)
     w = GGUFWriter(path)
     w.add("general.architecture", "llama")
@@ -269,6 +276,9 @@ def _tiny_model(
         w.add(f"llama.{k}", v, GGUFValueType.UINT32)
     w.add("llama.attention.head_count", 4, GGUFValueType.UINT32)
     w.add("llama.attention.head_count_kv", 1, GGUFValueType.UINT32)
+    if experts:
+        w.add("llama.expert_count", experts, GGUFValueType.UINT32)
+        w.add("llama.expert_used_count", 2, GGUFValueType.UINT32)
     shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (ne0, N_VOCAB)}
     if output:
         shapes["output.weight"] = (ne0, N_VOCAB)
@@ -285,6 +295,8 @@ def _tiny_model(
             b + "attn_norm.weight": (ne0,),
             b + "ffn_norm.weight": (ne0,),
         }
+        if experts:
+            shapes[b + "ffn_up_exps.weight"] = (ne0, N_FF, experts)
     shapes["output_norm.weight"] = (ne0,)
     data = {}
     for name, shape in shapes.items():
@@ -320,6 +332,25 @@ def test_tiny_model_q4_0_types_data_and_metadata(tmp_path: Path) -> None:
     assert report.size_out < report.size_in
     lines = report.summary_lines()
     assert lines[0].startswith("model size  =") and "BPW" in lines[1]
+
+
+def test_mxfp4_moe_puts_the_experts_on_mxfp4(tmp_path: Path) -> None:
+    """MXFP4_MOE (how gpt-oss files are made): 3-D expert tensors become MXFP4, expert by
+    expert as ggml_quantize_chunk writes them; every other matrix and the output Q8_0."""
+    src = tmp_path / "moe.gguf"
+    data = _tiny_model(src, experts=3)
+    out = tmp_path / "mxfp4.gguf"
+    quantize_model(src, out, QuantizeParams(parse_preset("MXFP4_MOE").ftype, nthread=1))
+    with GGUFReader(out) as r:
+        types = {t.name: t.type for t in r.tensors}
+        assert types["blk.0.ffn_up_exps.weight"] == types["blk.1.ffn_up_exps.weight"]
+        assert types["blk.1.ffn_up_exps.weight"] == GGMLType.MXFP4
+        assert types["output.weight"] == types["blk.0.ffn_up.weight"] == GGMLType.Q8_0
+        assert types["blk.0.attn_norm.weight"] == GGMLType.F32
+        for t in r.tensors:
+            want = quants.quantize(data[t.name], t.type) if t.type != GGMLType.F32 else data[t.name]
+            assert np.array_equal(np.asarray(t.raw), np.asarray(want).view(np.uint8).reshape(-1))
+        assert r.get("general.file_type") == int(parse_preset("MXFP4_MOE").ftype)
 
 
 def test_tied_embeddings_and_fallbacks(tmp_path: Path) -> None:

@@ -18,15 +18,15 @@ pytestmark = pytest.mark.filterwarnings(
 
 ALL = [
     "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1",
-    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K", "IQ4_NL", "IQ4_XS",
+    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K", "IQ4_NL", "IQ4_XS", "MXFP4",
 ]  # fmt: skip
 GGUF_DEQUANT = [t for t in ALL if t not in ("Q8_1", "Q8_K")]  # gguf-py has no Q8_1/Q8_K
-GGUF_QUANT = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "BF16"]  # all gguf-py can quantize here
+GGUF_QUANT = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "BF16", "MXFP4"]  # all gguf-py quantizes
 VEC_DOT = {
     "F32": "F32", "F16": "F16", "BF16": "BF16", "Q4_0": "Q8_0", "Q4_1": "Q8_1", "Q5_0": "Q8_0",
     "Q5_1": "Q8_1", "Q8_0": "Q8_0", "Q8_1": "Q8_1", "Q2_K": "Q8_K", "Q3_K": "Q8_K",
     "Q4_K": "Q8_K", "Q5_K": "Q8_K", "Q6_K": "Q8_K", "Q8_K": None, "IQ4_NL": "Q8_0",
-    "IQ4_XS": "Q8_K",
+    "IQ4_XS": "Q8_K", "MXFP4": "Q8_0",
 }  # fmt: skip
 
 
@@ -56,6 +56,9 @@ def random_blocks(name: str, n_blocks: int, seed: int, sane: bool = True) -> np.
     if name == "BF16":
         f = rng.uniform(-4, 4, n_blocks).astype(np.float32)
         return (f.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+    if name == "MXFP4":  # E8M0 exponents: 2**-28 .. 2**27
+        blocks["e"] = rng.integers(100, 156, n_blocks)
+        return raw
     if dt.fields is None:  # F32 / F16: the data themselves are floats
         return rng.uniform(-4, 4, n_blocks).astype(dt).view(np.uint8)
     for field, (fdt, _) in dt.fields.items():
@@ -87,8 +90,8 @@ def test_unsupported_type_error_names_type_and_tensor():
         Q.get(99)
     with pytest.raises(Q.UnsupportedQuantTypeError, match="TQ1_0"):
         Q.dequantize(b"\0" * 54, GGMLType.TQ1_0)
-    with pytest.raises(Q.UnsupportedQuantTypeError, match="MXFP4"):
-        Q.quantize(np.zeros(32, np.float32), "MXFP4")
+    with pytest.raises(Q.UnsupportedQuantTypeError, match="NVFP4"):
+        Q.quantize(np.zeros(64, np.float32), "NVFP4")
 
 
 def test_unsupported_type_of_a_tensor_info_names_the_tensor():
@@ -111,6 +114,19 @@ def test_bad_lengths_and_imatrix_raise_quant_error():
         Q.get("Q4_0").dequantize(np.zeros(20, np.uint8), 64)
     with pytest.raises(Q.QuantError, match="not a multiple"):
         Q.get("Q4_K").dequantize(np.zeros(144, np.uint8), 100)
+
+
+@pytest.mark.parametrize("name", [t for t in ALL if GGML_BLOCK_SIZES[GGMLType[t]][0] > 1])
+def test_bytes_short_of_the_block_count_raise_quant_error(name):
+    fmt = Q.get(name)
+    n, need = 3 * fmt.block_size, 3 * fmt.type_size
+    short = np.zeros(need - 1, np.uint8)
+    msg = rf"{name}: {n} elements need {need} bytes, got {need - 1}"
+    for dequantize in (fmt.dequantize, fmt.dequantize_numpy):
+        with pytest.raises(Q.QuantError, match=msg):
+            dequantize(short, n)
+    with pytest.raises(Q.QuantError, match=msg):
+        Q.dequantize(short, name, (3, fmt.block_size))
 
 
 def test_convenience_functions_shapes_and_inputs():

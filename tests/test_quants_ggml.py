@@ -24,7 +24,7 @@ pytestmark = [
 ]
 
 CHUNK = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
-         "IQ4_NL", "IQ4_XS", "F16", "BF16"]  # fmt: skip
+         "IQ4_NL", "IQ4_XS", "MXFP4", "F16", "BF16"]  # fmt: skip
 ROW_REF = {"Q8_1": "q8_1", "Q8_K": "q8_K"}  # not in ggml_quantize_chunk
 
 
@@ -112,7 +112,7 @@ def test_iq4_nl_row_ref_matches_ggml(lib):
 
 
 DEQUANT = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
-           "Q8_K", "IQ4_NL", "IQ4_XS"]  # fmt: skip
+           "Q8_K", "IQ4_NL", "IQ4_XS", "MXFP4"]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", DEQUANT)

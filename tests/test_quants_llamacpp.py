@@ -2,8 +2,8 @@
 
 For every input set and type, with and without an importance matrix: the share of output
 blocks byte-identical to llama.cpp's, and the RMSE of our dequantized result against
-llama.cpp's. Simple formats must be identical everywhere; K-quants and IQ4 at least 99.9%
-of blocks, with an error no worse than llama.cpp's.
+llama.cpp's. Simple formats and MXFP4 must be identical everywhere; K-quants and IQ4 at least
+99.9% of blocks, with an error no worse than llama.cpp's.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from llamacpy import quants
 from llamacpy.gguf import GGML_BLOCK_SIZES, GGMLType
 
 FIXTURE = Path(__file__).parent / "fixtures" / "quants" / "llamacpp_quant.npz"
-EXACT = {"F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"}
+EXACT = {"F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4"}
 
 
 @cache

@@ -37,6 +37,11 @@ _SCALES: dict[GGMLType, tuple[tuple[int, float], ...]] = {
     GGMLType.Q6_K: ((208, 0.00022),),
     GGMLType.IQ4_XS: ((0, 0.00003),),
 }
+# E8M0 exponent bytes of each block: (byte offset, lowest, highest) -- scales 2**(e - 128)
+# from 2**-8 to 2**-6, weights of std ~0.05
+_EXPONENTS: dict[GGMLType, tuple[tuple[int, int, int], ...]] = {
+    GGMLType.MXFP4: ((0, 120, 122),),
+}
 TINY_ARCHS = ("llama", "qwen2", "qwen3", "phi3", "gemma3", "smollm3")
 # Cases compared with llama.cpp's logits and greedy text (tests/test_architectures.py,
 # fixtures from scripts/make_arch_fixtures.py): name -> (arch, builder options, n_ctx)
@@ -74,10 +79,12 @@ def random_tensor(rng: np.random.Generator, t: GGMLType, nrows: int, ncols: int)
     qk, size = GGML_BLOCK_SIZES[t]
     nblk = nrows * ncols // qk
     raw = np.frombuffer(rng.bytes(nblk * size), np.uint8).reshape(nblk, size).copy()
-    for off, scale in _SCALES[t]:
+    for off, scale in _SCALES.get(t, ()):
         u = np.frombuffer(rng.bytes(2 * nblk), np.uint16).astype(np.float32) / 65535.0
         val = (scale * (0.5 + u)).astype(np.float16)  # in [0.5, 1.5] x scale
         raw[:, off : off + 2] = val.view(np.uint8).reshape(nblk, 2)
+    for off, lo, hi in _EXPONENTS.get(t, ()):
+        raw[:, off] = lo + np.frombuffer(rng.bytes(nblk), np.uint8) % (hi - lo + 1)
     return raw.reshape(-1)
 
 

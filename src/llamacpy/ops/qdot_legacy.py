@@ -1,22 +1,24 @@
-"""Block kernels of the 32-weight formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) x q8,
+"""Block kernels of the 32-weight formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4) x q8,
 with ggml's float accumulation order, so results are bit-identical to llama.cpp's.
 
 ggml's x86 ``vec_dot`` of these formats keeps 8 float lanes per dot product; lane ``j`` gets,
 block after block, ``fma(d_w*d_x, (float) sum of products of elements 4j..4j+3, lane)``
 (elements 0..15 are the low nibbles, 16..31 the high ones), and the result is the lanes'
-``hsum_float_8`` (plus ``sum(m * s)`` for the formats with a min; IQ4_NL alternates two
-lane sets between even and odd blocks). Here lane vectors run across 16 rows: an accumulator
-is a tuple of 8 (IQ4_NL: 16) ``f32x16`` plus one for the min term, and ``vpdpbusd`` of one
-64-byte chunk gives exactly one ggml lane for 16 rows.
+``hsum_float_8`` (plus ``sum(m * s)`` for the formats with a min; IQ4_NL and MXFP4 alternate
+two lane sets between even and odd blocks). Here lane vectors run across 16 rows: an
+accumulator is a tuple of 8 (IQ4_NL, MXFP4: 16) ``f32x16`` plus one for the min term, and
+``vpdpbusd`` of one 64-byte chunk gives exactly one ggml lane for 16 rows.
 
-Weights are unsigned bytes for ``vpdpbusd`` (u8 x s8): nibbles as they are, Q8_0 and IQ4_NL
-values offset by +128 (at repack / in the lookup table); offsets are taken back per lane with
-the activation sums of 4 (``xb``), used as the dot product's starting value.
+Weights are unsigned bytes for ``vpdpbusd`` (u8 x s8): nibbles as they are, Q8_0, IQ4_NL and
+MXFP4 values offset by +128 (at repack / in the lookup tables); offsets are taken back per
+lane with the activation sums of 4 (``xb``), used as the dot product's starting value.
+MXFP4's scale is its E8M0 byte ``e`` as ``2**(e - 128)`` (the table holds E2M1 values
+doubled, as ggml's ``kvalues_mxfp4``).
 
 Per format: ``<fmt>_t1(w, o, A, t, b, nb, acc)`` adds group block ``w[o:]`` (16 rows x 32)
 times token ``t``'s block ``b`` (of ``nb``); ``<fmt>_t2`` does tokens ``t`` and ``t+1``,
-decoding the weights once; ``zero()``/``fin(acc)`` (IQ4_NL: ``zero18``/``fin18``) start and
-finish an accumulator. ``A`` is the activation
+decoding the weights once; ``zero()``/``fin(acc)`` (IQ4_NL, MXFP4: ``zero18``/``fin18``, and
+both step through ``pair_t1``) start and finish an accumulator. ``A`` is the activation
 tuple ``(xq, xd, xs, xb, xqk, xdk, xbk, xf)`` of :mod:`.quantize_act`.
 
 The formats' layouts, matmul kernels, row decoders, numpy twins and traits records
@@ -24,6 +26,8 @@ The formats' layouts, matmul kernels, row decoders, numpy twins and traits recor
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from numba import njit
@@ -36,8 +40,10 @@ from ..simd import (
     vcvt,
     vdpbusd,
     vfma,
+    vldexp,
     vload_f16,
     vload_i32,
+    vload_u8,
     vshuffle_bytes,
     vsll,
     vsplat_f32,
@@ -51,12 +57,21 @@ from .traits import ACT_Q8, CHUNK4, Q5HB, ROWS, XOR80, FormatTraits, Layout, reg
 KVALUES_IQ4NL = np.array(
     [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8
 )
+# E2M1 values doubled (ggml's kvalues_mxfp4)
+KVALUES_MXFP4 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.int8)
 _M4 = 0x0F0F0F0F
-# IQ4_NL values + 128 as unsigned bytes, the 16-byte table repeated in each 128-bit lane
-IQ4NL_TABLE = np.tile((KVALUES_IQ4NL.astype(np.int16) + 128).astype(np.uint8), 4)
+
+
+def _u8_table(kvalues: np.ndarray) -> np.ndarray:
+    """Values + 128 as unsigned bytes, the 16-byte table repeated in each 128-bit lane."""
+    return np.tile((kvalues.astype(np.int16) + 128).astype(np.uint8), 4)
+
+
+IQ4NL_TABLE = _u8_table(KVALUES_IQ4NL)
+MXFP4_TABLE = _u8_table(KVALUES_MXFP4)
 
 # format selectors of the shared kernels below (the ggml type ids)
-Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL = (
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4 = (
     int(t)
     for t in (
         GGMLType.Q4_0,
@@ -65,8 +80,10 @@ Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL = (
         GGMLType.Q5_1,
         GGMLType.Q8_0,
         GGMLType.IQ4_NL,
+        GGMLType.MXFP4,
     )
 )
+_E8M0_BIAS = 128  # MXFP4: scale 2**(e - 128) (ggml_e8m0_to_fp32_half)
 
 
 @njit(cache=True, inline="always")
@@ -122,6 +139,10 @@ def _weights(fmt, w, o, c):
             table = vload_i32(IQ4NL_TABLE, 0)
             lo, hi = vshuffle_bytes(table, lo), vshuffle_bytes(table, hi)
         return lo, hi
+    if fmt == MXFP4:
+        table = vload_i32(MXFP4_TABLE, 0)
+        lo, hi = _nib(vload_i32(w, o + 16 + 64 * c))
+        return vshuffle_bytes(table, lo), vshuffle_bytes(table, hi)
     if fmt == Q4_1:
         return _nib(vload_i32(w, o + 64 + 64 * c))
     ho = o + (32 if fmt == Q5_0 else 64)
@@ -138,7 +159,7 @@ def _offset(fmt):
         return 8
     if fmt == Q5_0:
         return 16
-    if fmt in (Q8_0, IQ4_NL):
+    if fmt in (Q8_0, IQ4_NL, MXFP4):
         return 128
     return 0
 
@@ -154,6 +175,9 @@ def _lane(fmt, lane_w, A, t, b, j):
 
 @njit(cache=True, inline="always")
 def _scale(fmt, w, o, A, t, b):
+    if fmt == MXFP4:
+        e = vcvt(vload_u8(w, o)) - vsplat_f32(np.float32(_E8M0_BIAS))
+        return vldexp(vsplat_f32(np.float32(1.0)), e) * vsplat_f32(A[1][t, b])
     return vload_f16(w, o) * vsplat_f32(A[1][t, b])
 
 
@@ -282,15 +306,15 @@ def q8_0_t2(w, o, A, t, b, nb, a, c):
 
 
 @njit(cache=True, inline="always")
-def iq4_nl_t1(w, o, A, t, b, nb, a):
-    """IQ4_NL: ggml alternates two lane sets (even blocks: slots 0..7, odd: 8..15); with an
-    odd block count the last block is summed apart, ``d * isum`` (slots 16, 17)."""
+def pair_t1(fmt, w, o, A, t, b, nb, a):
+    """IQ4_NL, MXFP4: ggml alternates two lane sets (even blocks: slots 0..7, odd: 8..15);
+    with an odd block count the last block is summed apart, ``d * isum`` (slots 16, 17)."""
     if b == nb - 1 and nb % 2 == 1:
-        dd = _scale(IQ4_NL, w, o, A, t, b)
+        dd = _scale(fmt, w, o, A, t, b)
         s = vsplat_i32(0)
         for c in range(4):
-            lo, hi = _weights(IQ4_NL, w, o, c)
-            s = s + _lane(IQ4_NL, lo, A, t, b, c) + _lane(IQ4_NL, hi, A, t, b, 4 + c)
+            lo, hi = _weights(fmt, w, o, c)
+            s = s + _lane(fmt, lo, A, t, b, c) + _lane(fmt, hi, A, t, b, 4 + c)
         return (
             a[0],
             a[1],
@@ -312,7 +336,7 @@ def iq4_nl_t1(w, o, A, t, b, nb, a):
             vcvt(s),
         )
     if b % 2 == 0:
-        e = _step(IQ4_NL, w, o, A, t, b, (a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[16]))
+        e = _step(fmt, w, o, A, t, b, (a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[16]))
         return (
             e[0],
             e[1],
@@ -333,7 +357,7 @@ def iq4_nl_t1(w, o, A, t, b, nb, a):
             a[16],
             a[17],
         )
-    d = _step(IQ4_NL, w, o, A, t, b, (a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16]))
+    d = _step(fmt, w, o, A, t, b, (a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16]))
     return (
         a[0],
         a[1],
@@ -357,13 +381,29 @@ def iq4_nl_t1(w, o, A, t, b, nb, a):
 
 
 @njit(cache=True, inline="always")
+def iq4_nl_t1(w, o, A, t, b, nb, a):
+    return pair_t1(IQ4_NL, w, o, A, t, b, nb, a)
+
+
+@njit(cache=True, inline="always")
 def iq4_nl_t2(w, o, A, t, b, nb, a, c):
     return iq4_nl_t1(w, o, A, t, b, nb, a), iq4_nl_t1(w, o, A, t + 1, b, nb, c)
 
 
+@njit(cache=True, inline="always")
+def mxfp4_t1(w, o, A, t, b, nb, a):
+    return pair_t1(MXFP4, w, o, A, t, b, nb, a)
+
+
+@njit(cache=True, inline="always")
+def mxfp4_t2(w, o, A, t, b, nb, a, c):
+    return mxfp4_t1(w, o, A, t, b, nb, a), mxfp4_t1(w, o, A, t + 1, b, nb, c)
+
+
 # ----------------------------------------------------------------------------- the formats
 # Group block fields (see .formats): the f16 scale d of each row, the f16 min m (Q4_1, Q5_1),
-# the high bits (Q5), the quants as 4-byte chunks (Q8_0 and IQ4_NL: +128, unsigned).
+# the high bits (Q5), the quants as 4-byte chunks (Q8_0 and IQ4_NL: +128, unsigned); MXFP4:
+# the E8M0 byte of each row, then the nibbles as 4-byte chunks.
 _QK = 32
 LAYOUT_Q4_0 = Layout.of(GGMLType.Q4_0, _QK, ACT_Q8, (ROWS, 0, 2), (CHUNK4, 2, 16))
 LAYOUT_Q4_1 = Layout.of(GGMLType.Q4_1, _QK, ACT_Q8, (ROWS, 0, 2), (ROWS, 2, 2), (CHUNK4, 4, 16))
@@ -373,9 +413,11 @@ LAYOUT_Q5_1 = Layout.of(
 )
 LAYOUT_Q8_0 = Layout.of(GGMLType.Q8_0, _QK, ACT_Q8, (ROWS, 0, 2), (XOR80, 2, 32))
 LAYOUT_IQ4_NL = Layout.of(GGMLType.IQ4_NL, _QK, ACT_Q8, (ROWS, 0, 2), (CHUNK4, 2, 16))
+LAYOUT_MXFP4 = Layout.of(GGMLType.MXFP4, _QK, ACT_Q8, (ROWS, 0, 1), (CHUNK4, 1, 16))
 _BB_Q4_0, _BB_Q4_1 = LAYOUT_Q4_0.dst_bytes, LAYOUT_Q4_1.dst_bytes
 _BB_Q5_0, _BB_Q5_1 = LAYOUT_Q5_0.dst_bytes, LAYOUT_Q5_1.dst_bytes
 _BB_Q8_0, _BB_IQ4_NL = LAYOUT_Q8_0.dst_bytes, LAYOUT_IQ4_NL.dst_bytes
+_BB_MXFP4 = LAYOUT_MXFP4.dst_bytes
 
 
 @njit(cache=True)
@@ -414,6 +456,12 @@ def mm_iq4_nl(w, desc, A, t0, t1, g0, g1, out, ot, add):
     drive_lanes(zero18, fin18, k1, k2, w, desc[1], nblk, bb, g0, g1, A, t0, t1, out, ot, add)
 
 
+@njit(cache=True)
+def mm_mxfp4(w, desc, A, t0, t1, g0, g1, out, ot, add):
+    nblk, k1, k2, bb = desc[3] // _QK, mxfp4_t1, mxfp4_t2, _BB_MXFP4
+    drive_lanes(zero18, fin18, k1, k2, w, desc[1], nblk, bb, g0, g1, A, t0, t1, out, ot, add)
+
+
 # --- row decoders: row ``r`` of the group block at ``w[o:]`` -> ``out[y0:y0+32]``
 @njit(cache=True, inline="always")
 def chunk_byte(w, o, r, i):
@@ -425,6 +473,21 @@ def chunk_byte(w, o, r, i):
 def f16_at(w, o, r):
     """Row ``r``'s f16 value of a ROWS field of 2 bytes at ``w[o]``."""
     return f16_to_f32(np.int64(w[o + 2 * r]) | (np.int64(w[o + 2 * r + 1]) << 8))
+
+
+@njit(cache=True, inline="always")
+def e8m0_at(w, o, r):
+    """Row ``r``'s MXFP4 scale ``2**(e - 128)`` from a ROWS field of 1 byte at ``w[o]``."""
+    return np.float32(math.ldexp(1.0, np.int64(w[o + r]) - _E8M0_BIAS))
+
+
+@njit(cache=True, inline="always")
+def row_mxfp4(w, o, r, out, y0):
+    d = e8m0_at(w, o, r)
+    for j in range(16):
+        q = chunk_byte(w, o + 16, r, j)
+        out[y0 + j] = np.float32(KVALUES_MXFP4[q & 0xF]) * d
+        out[y0 + j + 16] = np.float32(KVALUES_MXFP4[q >> 4]) * d
 
 
 @njit(cache=True, inline="always")
@@ -535,6 +598,13 @@ def iq4_nl_numpy(f: dict) -> np.ndarray:
     return KVALUES_IQ4NL[q].astype(np.float32) * d
 
 
+def mxfp4_numpy(f: dict) -> np.ndarray:
+    lo, hi = nibbles_np(f["f1"])
+    d = np.ldexp(np.float32(1.0), f["f0"].astype(np.int32) - _E8M0_BIAS)
+    with np.errstate(over="ignore"):  # 12 * 2**127 is inf in ggml too
+        return KVALUES_MXFP4[np.concatenate([lo, hi], axis=-1)].astype(np.float32) * d
+
+
 def q5_0_numpy(f: dict) -> np.ndarray:
     q, d = _q5_np(f, "f6")
     return (q - 16).astype(np.float32) * d
@@ -555,3 +625,4 @@ register(FormatTraits(LAYOUT_Q5_0, mm_q5_0, row_q5_0, q5_0_numpy))
 register(FormatTraits(LAYOUT_Q5_1, mm_q5_1, row_q5_1, q5_1_numpy, block_min="f2"))
 register(FormatTraits(LAYOUT_Q8_0, mm_q8_0, row_q8_0, q8_0_numpy))
 register(FormatTraits(LAYOUT_IQ4_NL, mm_iq4_nl, row_iq4_nl, iq4_nl_numpy))
+register(FormatTraits(LAYOUT_MXFP4, mm_mxfp4, row_mxfp4, mxfp4_numpy))

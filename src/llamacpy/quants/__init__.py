@@ -26,6 +26,7 @@ from llamacpy.quants import (  # noqa: F401  (imported to register the formats)
     floats,
     iq4_nl,
     iq4_xs,
+    mxfp4,
     q2_k,
     q3_k,
     q4_0,
