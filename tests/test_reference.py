@@ -158,8 +158,8 @@ def test_logit_softcap_matches_reference(model_dir, monkeypatch) -> None:
 
 
 def test_unknown_stage_is_refused() -> None:
-    with pytest.raises(ValueError, match="unknown stage 'ffn_moe'"):
-        stage_functions((*LLAMA_BLOCK, "ffn_moe"))
+    with pytest.raises(ValueError, match="unknown stage 'ffn_moe_shexp'"):
+        stage_functions((*LLAMA_BLOCK, "ffn_moe_shexp"))
 
     class Odd:
         block = (*LLAMA_BLOCK[:3], "rope_mrope", *LLAMA_BLOCK[3:])

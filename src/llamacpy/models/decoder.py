@@ -32,7 +32,7 @@ from . import stages
 from .backend import Backend, backend
 from .common import RopeOverrides, UBatchArrays, lazy_zeros, rope_params
 from .spec import Fused, Param, Tensor, check_tensors, read_hparams, shape_of
-from .weights import Matrix, TensorSource, Vector, WeightStore, row_slice
+from .weights import Experts, Matrix, TensorSource, Vector, WeightStore, row_slice
 
 # The tensors of a llama block, and of the model around the blocks.
 LLAMA_TENSORS: tuple[Tensor | Fused, ...] = (
@@ -100,6 +100,10 @@ class Decoder:
     unsupported: ClassVar[tuple[str, ...]] = ()  # tensor name endings of variants refused
     block: ClassVar[tuple[str, ...]] = LLAMA_BLOCK
     rope_neox: ClassVar[bool] = False
+    # mixture of experts (models/moe.py): the selected experts' router probabilities are
+    # divided by their sum (llama.cpp's norm_w), then multiplied by the scale (0: none)
+    expert_weights_norm: ClassVar[bool] = False
+    expert_weights_scale: ClassVar[float] = 0.0
 
     # ------------------------------------------------------------------ numeric choices
     def attention_scales(self) -> tuple[float, float]:
@@ -132,10 +136,23 @@ class Decoder:
 
     # ------------------------------------------------------------------ loading
     @classmethod
+    def variant(cls, md: Mapping[str, Any]) -> type[Decoder]:
+        """The class that runs a file of this architecture (a module may declare variants
+        chosen by the file's keys: ``llama`` files with experts run as Mixtral)."""
+        return cls
+
+    @classmethod
+    def derived(cls, hp: HParams) -> HParams:
+        """The hyper-parameters with those the architecture derives from the file's."""
+        return hp
+
+    @classmethod
     def check(cls, md: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]) -> HParams:
         """The file's hyper-parameters, after checking its tensors against the declarations
         (before any weight is read)."""
-        hp = read_hparams(cls.arch, md, shapes, cls.params)
+        if cls.variant(md) is not cls:
+            return cls.variant(md).check(md, shapes)
+        hp = cls.derived(read_hparams(cls.arch, md, shapes, cls.params))
         check_tensors(cls.arch, hp, cls.tensors, shapes, cls.unsupported)
         d = hp.n_embd_head_k
         if d != hp.n_embd_head_v or d != hp.n_rot:
@@ -160,6 +177,8 @@ class Decoder:
     ) -> Decoder:
         """Check, read and place a model's tensors on backend ``on`` (default: the CPU; see
         :mod:`.weights`, :mod:`.backend`)."""
+        if cls.variant(mf.metadata) is not cls:
+            return cls.variant(mf.metadata).load(mf, source, rope, on)
         be = backend(on)
         md = mf.metadata
         hp = cls.check(md, {t.name: t.shape for t in mf.tensors})
@@ -214,11 +233,9 @@ class Decoder:
             row = lt[il]
             for name, v in vars(b).items():
                 if v is not None and name in stages.LAYER_DTYPE.names:
-                    row[name] = v.index if isinstance(v, Matrix) else v.offset
-            row["need_qkv"] = act_need([b.attn_q.type, b.attn_k.type, b.attn_v.type])
-            row["need_out"] = act_need([b.attn_output.type])
-            row["need_ffn"] = act_need([b.ffn_gate.type, b.ffn_up.type])
-            row["need_down"] = act_need([b.ffn_down.type])
+                    row[name] = v.index if isinstance(v, Matrix | Experts) else v.offset
+            for need, fields in NEEDS.items():
+                row[need] = _need(b, fields)
             row["swa"] = int(self.layer_swa[il])
             row["rope"] = int(self.layer_rope(il))
             row["index"] = il
@@ -232,8 +249,10 @@ class Decoder:
         m[0] = (
             hp.n_embd, hp.n_head, hp.n_head_kv, hp.n_embd_head_k, hp.n_ff, hp.n_vocab,
             hp.n_layer, hp.n_rot, self.token_embd.index, self.output.index,
-            self.output_norm.offset, act_need([self.output.type]), hp.norm_rms_eps, kq_scale,
-            q_scale, self.embd_scale(), self.logit_softcap(),
+            self.output_norm.offset, act_need([self.output.type]), hp.extra.get("n_expert", 0),
+            hp.extra.get("n_expert_used", 0), hp.extra.get("n_ff_exp", 0),
+            int(self.expert_weights_norm), hp.norm_rms_eps, kq_scale, q_scale,
+            self.embd_scale(), self.logit_softcap(), self.expert_weights_scale,
         )  # fmt: skip
         self.model_row = m
         self.rope_arr = np.stack([self.rope.packed(), self.rope_swa.packed()])
@@ -290,6 +309,24 @@ class Decoder:
         return ws.logits[:n_out, : self.hparams.n_vocab]
 
 
+# The activation kinds each input of a layer is quantized to: those of the matrices that
+# read it (the layer table's need_* fields).
+NEEDS = {
+    "need_qkv": ("attn_q", "attn_k", "attn_v"),
+    "need_out": ("attn_output",),
+    "need_ffn": ("ffn_gate", "ffn_up", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps"),
+    "need_down": ("ffn_down", "ffn_down_exps"),
+}
+
+
+def _need(b: Layer, fields: tuple[str, ...]) -> int:
+    types = [m.type for f in fields if (m := getattr(b, f)) is not None]
+    try:
+        return act_need(types)
+    except ValueError as e:
+        raise ModelError(f"{', '.join(fields)}: {e}") from None
+
+
 def _read(decls, mf: GGUFModelFile, store: WeightStore, source: TensorSource, hp, i):
     """The fields of the global tensors (``i`` None) or of layer ``i``: matrices and vectors
     registered with the store (fused tensors split by rows), raw arrays read."""
@@ -319,6 +356,8 @@ def _read(decls, mf: GGUFModelFile, store: WeightStore, source: TensorSource, hp
             out[d.field] = _raw_f32(source, info, shape_of(hp, d))
         elif len(d.shape) == 1:
             out[d.field] = store.vector(info)
+        elif len(d.shape) == 3:
+            out[d.field] = store.experts(info)
         else:
             out[d.field] = store.matrix(info)
     return out
@@ -335,9 +374,11 @@ class Workspace:
     outputs). Zero-filled lazily by the OS: untouched pages cost no memory."""
 
     def __init__(self, hp: HParams, n_tokens: int, n_threads: int) -> None:
-        e, f, d = hp.n_embd, hp.n_ff, hp.n_embd_head_k
+        e, f, d = hp.n_embd, max(hp.n_ff, hp.extra.get("n_ff_exp", 0)), hp.n_embd_head_k
         qd, kvd = hp.n_head * d, hp.n_head_kv * d
         kmax = max(e, f, qd)
+        # mixture of experts: a row per (token, selected expert) for the expert FFN
+        n_used = max(1, hp.extra.get("n_expert_used", 0))
         z = lazy_zeros
         self.n_tokens, self.n_threads = n_tokens, n_threads
         self.x = z((n_tokens, e), np.float32)
@@ -346,9 +387,14 @@ class Workspace:
         self.k = z((n_tokens, _pad16(kvd)), np.float32)
         self.v = z((n_tokens, _pad16(kvd)), np.float32)
         self.att = z((n_tokens, qd), np.float32)
-        self.g = z((n_tokens, _pad16(f)), np.float32)
-        self.u = z((n_tokens, _pad16(f)), np.float32)
-        self.acts = new_acts(n_tokens, kmax)
+        self.g = z((n_tokens * n_used, _pad16(f)), np.float32)
+        self.u = z((n_tokens * n_used, _pad16(f)), np.float32)
+        self.router = z((n_tokens, _pad16(max(1, hp.extra.get("n_expert", 0)))), np.float32)
+        self.selected = z((n_tokens, n_used), np.int64)  # experts of each token, best first
+        self.weights = z((n_tokens, n_used), np.float32)  # and their weights
+        moe = hp.extra.get("n_expert_used", 0) > 0
+        self.experts = z((n_tokens * n_used if moe else 1, _pad16(e)), np.float32)  # outputs
+        self.acts = new_acts(n_tokens * n_used, kmax)
         self.acts_private = new_acts(n_threads, kmax)
         self.x_private = z((n_threads, kmax), np.float32)
         self.logits = z((1, _pad16(hp.n_vocab)), np.float32)
@@ -386,6 +432,10 @@ class Workspace:
             self.att,
             self.g,
             self.u,
+            self.router,
+            self.selected,
+            self.weights,
+            self.experts,
             self.acts,
             self.acts_private,
             self.x_private,

@@ -22,6 +22,7 @@ from ..ops.activations import geglu_numpy, swiglu_numpy
 from ..ops.attention_ref import attention_numpy, load_rows_numpy, store_row_numpy
 from ..ops.dequant import dequantize_repacked_numpy
 from ..ops.matmul import block_mins, matmul_numpy
+from ..ops.moe import route_numpy, softmax_ggml_numpy
 from ..ops.norm import rms_norm_numpy
 from ..ops.rope import rope_numpy
 from .common import UBatchArrays
@@ -59,6 +60,8 @@ class Pass:
     v: np.ndarray | None = None
     att: np.ndarray | None = None  # [n, n_head * head_dim]
     g: np.ndarray | None = None  # [rows, n_ff] gated FFN activation
+    sel: np.ndarray | None = None  # [rows, n_expert_used] experts of each row, best first
+    wts: np.ndarray | None = None  # [rows, n_expert_used] their weights
 
 
 class Reference:
@@ -277,6 +280,31 @@ def ffn_down_post_norm(r: Reference, p: Pass, L) -> None:
     p.x = p.x + r.norm(r.mm(L["ffn_down"], p.g), L["post_ffw_norm"])
 
 
+def ffn_router(r: Reference, p: Pass, L) -> None:
+    """Per row: ``softmax(h . ffn_gate_inp)`` (float32, ggml's), the ``n_expert_used``
+    most probable experts, best first, and their weights (normalized, scaled)."""
+    M = r.M
+    probs = softmax_ggml_numpy(r.mm(L["ffn_gate_inp"], p.h))
+    k, norm, scale = int(M["n_expert_used"]), bool(M["expert_norm"]), float(M["expert_scale"])
+    p.sel, p.wts = route_numpy(probs, k, norm, scale)
+
+
+def ffn_moe(r: Reference, p: Pass, L) -> None:
+    """``x += sum_j w_j * (silu(h . gate_e_j) * (h . up_e_j)) . down_e_j``: each expert's
+    output times its weight, added in the order of the selection, then to ``x``."""
+    n, k = p.sel.shape
+    out = np.zeros((n, k, int(r.M["n_embd"])), _F32)
+    for e in np.unique(p.sel):
+        t, j = np.nonzero(p.sel == e)
+        h = p.h[t]
+        g = swiglu_numpy(r.mm(L["ffn_gate_exps"] + e, h), r.mm(L["ffn_up_exps"] + e, h))
+        out[t, j] = r.mm(L["ffn_down_exps"] + e, g)
+    acc = out[:, 0] * p.wts[:, :1]
+    for j in range(1, k):
+        acc = (acc + out[:, j] * p.wts[:, j : j + 1]).astype(_F32)
+    p.x = (acc + p.x).astype(_F32)
+
+
 Stage = Callable[[Reference, Pass, np.void], None]
 # stage name (as in an architecture's block) -> its numpy function
 STAGES: dict[str, Stage] = {
@@ -298,5 +326,7 @@ STAGES: dict[str, Stage] = {
         ffn_geglu,
         ffn_down,
         ffn_down_post_norm,
+        ffn_router,
+        ffn_moe,
     )
 }

@@ -3,8 +3,10 @@
 file must pass before any weight is read (:func:`check_tensors`).
 
 Tensor shapes are written in ggml order in hyper-parameter names (``("n_embd", "n_ff")``),
-evaluated against :class:`~llamacpy.hparams.HParams`: a field or property name, an integer,
-or ``a*b`` / ``a/b`` of those. Per-layer tensors carry ``{i}`` in their name; the attribute
+evaluated against :class:`~llamacpy.hparams.HParams`: a field or property name, an
+architecture's own hyper-parameter (``hp.extra``, :class:`Param`), an integer, or ``a*b`` /
+``a/b`` of those. A 3-D tensor holds one matrix per expert (``("n_embd", "n_ff_exp",
+"n_expert")``). Per-layer tensors carry ``{i}`` in their name; the attribute
 a tensor is loaded into is its name without the block prefix and ``.weight``, ``.bias``
 giving ``_bias`` (``blk.{i}.attn_q.bias`` -> ``attn_q_bias``).
 """
@@ -107,7 +109,9 @@ def dim(hp: HParams, expr: str | int) -> int:
         raise ValueError(f"bad shape expression {expr!r}")
 
     def val(tok: str) -> int:
-        return int(tok) if tok.isdigit() else int(getattr(hp, tok))
+        if tok.isdigit():
+            return int(tok)
+        return int(hp.extra[tok]) if tok in hp.extra else int(getattr(hp, tok))
 
     a = val(m.group(1))
     if m.group(2) == "*":

@@ -40,6 +40,7 @@ from ..ops.attention import (
 )
 from ..ops.dequant import get_row_sel
 from ..ops.matmul import matmul_sel, prepare_acts
+from ..ops.moe import expert_weights, softmax_ggml, top_k
 from ..ops.norm import head_rms_norm, rms_norm
 from ..ops.rope import rope_apply, rope_cache
 from ..ops.threads import barrier, split, tick, timed_barrier
@@ -65,6 +66,10 @@ LAYER_DTYPE = np.dtype(
             "ffn_gate",
             "ffn_up",
             "ffn_down",
+            "ffn_gate_inp",  # mixture of experts: the router
+            "ffn_gate_exps",  # and the first expert's matrix of each kind (expert e: + e)
+            "ffn_up_exps",
+            "ffn_down_exps",
             "attn_norm",
             "ffn_norm",
             "attn_q_norm",
@@ -101,11 +106,16 @@ MODEL_DTYPE = np.dtype(
         ("output", np.int64),
         ("output_norm", np.int64),
         ("need_output", np.int64),
+        ("n_expert", np.int64),  # mixture of experts (0: none)
+        ("n_expert_used", np.int64),  # experts per token
+        ("n_ff_exp", np.int64),  # an expert's FFN size
+        ("expert_norm", np.int64),  # 1: the selected experts' weights divided by their sum
         ("eps", np.float32),
         ("kq_scale", np.float32),  # scale of the K.Q scores
         ("q_scale", np.float32),  # scale of the roped queries (gemma3, phi3)
         ("embd_scale", np.float32),  # token embeddings are multiplied by this
         ("softcap", np.float32),  # logits -> c * tanh(logits / c) when c > 0
+        ("expert_scale", np.float32),  # experts' weights are multiplied by this (0, 1: not)
     ]
 )
 # Per worker: rows the stages work on (the last layer's FFN runs on the output rows only)
@@ -114,16 +124,18 @@ STATE_DTYPE = np.dtype([("n_rows", np.int64)] + [
 ])  # fmt: skip
 
 # What a worker's stages read. Buffers: X [n, n_embd] hidden state; XN norm / scratch rows;
-# Q, KN, VN projections; ATT attention output; G, U gate / up; A, AP activation buffers
-# (shared, private per thread); XP private rows; LOG logits; TS per-thread attention
-# scratch; prof cycles per stage.
+# Q, KN, VN projections; ATT attention output; G, U gate / up (a row per token, or per
+# token and selected expert: row t * n_expert_used + j); RL router logits / probabilities,
+# SEL, WTS each token's selected experts and their weights, EO the selected experts' outputs
+# (rows as G); A, AP activation buffers (shared, private per thread); XP private rows; LOG
+# logits; TS per-thread attention scratch; prof cycles per stage.
 # The KV cache a layer kind uses (global, sliding-window): flat K and V cells, the cell of
 # each token, the mask, the cells attended, the attention kernel, the bytes between heads.
 KVPart = namedtuple("KVPart", "KC VC cells mask n_kv mode hstride")
 Ctx = namedtuple(
     "Ctx",
     "fmask tid nth M W WD NF RP FF tokens pos out_idx n_tok n_out kv kv_swa k_type v_type "
-    "rowb X XN Q KN VN ATT G U A AP XP LOG TS prof bar st",
+    "rowb X XN Q KN VN ATT G U RL SEL WTS EO A AP XP LOG TS prof bar st",
 )
 
 
@@ -133,7 +145,7 @@ def context(fmask, tid, nth, MA, WT, UB, KV, S, STATE, bar):
     W, WD, NF, RP, FF = WT
     tokens, pos, cells, cells_swa, mask, mask_swa, out_idx, ui = UB
     KC, VC, KCs, VCs, kvi = KV
-    X, XN, Q, KN, VN, ATT, G, U, A, AP, XP, LOG, TS, prof = S
+    X, XN, Q, KN, VN, ATT, G, U, RL, SEL, WTS, EO, A, AP, XP, LOG, TS, prof = S
     rowb = kvi[2]
     st = STATE[tid]
     st.n_rows = ui[0]
@@ -141,7 +153,8 @@ def context(fmask, tid, nth, MA, WT, UB, KV, S, STATE, bar):
         fmask, tid, nth, MA[0], W, WD, NF, RP, FF, tokens, pos, out_idx, ui[0], ui[3],
         KVPart(KC, VC, cells, mask, ui[1], ui[2], kvi[3] * rowb),
         KVPart(KCs, VCs, cells_swa, mask_swa, ui[4], ui[5], kvi[4] * rowb),
-        kvi[0], kvi[1], rowb, X, XN, Q, KN, VN, ATT, G, U, A, AP, XP, LOG, TS, prof, bar, st,
+        kvi[0], kvi[1], rowb, X, XN, Q, KN, VN, ATT, G, U, RL, SEL, WTS, EO, A, AP, XP, LOG, TS,
+        prof, bar, st,
     )  # fmt: skip
 
 
@@ -417,6 +430,78 @@ def ffn_down(c, L, clk):
 def ffn_down_post_norm(c, L, clk):
     """``x += rms_norm(g . ffn_down) * post_ffw_norm``."""
     return _proj_residual(c, L.ffn_down, L.post_ffw_norm, P_FFN_DOWN, clk)
+
+
+@njit(cache=True)
+def ffn_router(c, L, clk):
+    """Mixture of experts: ``p = softmax(h . ffn_gate_inp)`` per token (float32, ggml's),
+    its ``n_expert_used`` most probable experts (best first) and their weights ``p_e``
+    (divided by their sum with ``expert_norm``, times ``expert_scale``)."""
+    M = c.M
+    ta, tb, AA = _acts(c)
+    g0, g1 = split((M.n_expert + 15) // 16, c.tid, c.nth)
+    matmul_sel(c.fmask, c.W, c.WD[L.ffn_gate_inp], AA, ta, tb, g0, g1, c.RL, 0, False)
+    clk = _sync(c, tick(c.prof, c.tid, P_FFN_UP, clk))
+    k = M.n_expert_used
+    t0, t1 = _token_rows(c)
+    for t in range(t0, t1):
+        softmax_ggml(c.RL[t], M.n_expert)
+        top_k(c.RL[t], M.n_expert, k, c.SEL[t], c.WTS[t])
+        expert_weights(c.WTS[t], k, M.expert_norm, M.expert_scale)
+    return _sync(c, clk)
+
+
+@njit(cache=True, inline="always")
+def _experts(c, L, down, g0, g1):
+    """Each (token t, selected expert j) row ``r = t * n_expert_used + j``, this thread's row
+    groups ``g0..g1`` of the expert's matrices: ``G[r] = silu(h_t . gate_e) * (h_t . up_e)``,
+    or (``down``) ``EO[r] = G[r] . down_e``. Expert by expert (a thread's share of one
+    expert's weights serves all its tokens while it is in cache), as ggml_mul_mat_id; each
+    row a matrix x vector product of one token, as ggml's per-row kernels."""
+    M = c.M
+    n, k = c.st.n_rows, M.n_expert_used
+    ta, _tb, AA = _acts(c)
+    f = M.n_ff_exp
+    for e in range(M.n_expert if n > 1 else 1):  # one token: its experts in their order
+        for t in range(n):
+            for j in range(k):
+                ee = c.SEL[t, j]
+                if n > 1 and ee != e:
+                    continue
+                r = t * k + j
+                if down:
+                    wd = c.WD[L.ffn_down_exps + ee]
+                    matmul_sel(c.fmask, c.W, wd, c.A, r, r + 1, g0, g1, c.EO, r, False)
+                    continue
+                a = ta + t
+                wg, wu = c.WD[L.ffn_gate_exps + ee], c.WD[L.ffn_up_exps + ee]
+                matmul_sel(c.fmask, c.W, wg, AA, a, a + 1, g0, g1, c.G, r, False)
+                matmul_sel(c.fmask, c.W, wu, AA, a, a + 1, g0, g1, c.U, r, False)
+                swiglu(c.G, c.U, r, r + 1, 16 * g0, min(16 * g1, f), c.G)
+
+
+@njit(cache=True)
+def ffn_moe(c, L, clk):
+    """``x += sum_j w_j * (silu(h . gate_e_j) * (h . up_e_j)) . down_e_j`` over each
+    token's selected experts ``e_j`` (:func:`ffn_router`): the weighted outputs added in
+    the order of the selection, then to the residual, as llama.cpp's ``build_moe_ffn``."""
+    M = c.M
+    n, k, tid, n_embd = c.st.n_rows, M.n_expert_used, c.tid, M.n_embd
+    g0, g1 = split((M.n_ff_exp + 15) // 16, tid, c.nth)
+    _experts(c, L, False, g0, g1)
+    clk = _sync(c, tick(c.prof, tid, P_FFN_UP, clk))
+    r0, r1 = split(n * k, tid, c.nth)  # the expert rows quantized for down
+    prepare_acts(c.G, r0, r1, M.n_ff_exp, L.need_down, c.A)
+    clk = _sync(c, tick(c.prof, tid, P_FFN_DOWN, clk))
+    d0, d1 = split((n_embd + 15) // 16, tid, c.nth)
+    _experts(c, L, True, d0, d1)
+    for t in range(n):  # this thread's columns of every expert output: no barrier
+        for i in range(16 * d0, min(16 * d1, n_embd)):
+            acc = c.WTS[t, 0] * c.EO[t * k, i]
+            for j in range(1, k):
+                acc = acc + c.WTS[t, j] * c.EO[t * k + j, i]
+            c.X[t, i] = acc + c.X[t, i]
+    return _sync(c, tick(c.prof, tid, P_FFN_DOWN, clk))
 
 
 @njit(cache=True)

@@ -160,6 +160,20 @@ class Matrix:
 
 
 @dataclass(frozen=True)
+class Experts:
+    """A 3-D weight ``[n_expert, nrows, ncols]`` (GGUF ``ne[2], ne[1], ne[0]``): one
+    :class:`Matrix` per expert, at consecutive store indices from ``index``, so expert ``e``
+    is matrix ``index + e`` (each repacked on its own, like any 2-D weight)."""
+
+    index: int
+    name: str
+    type: GGMLType
+    n_expert: int
+    nrows: int
+    ncols: int
+
+
+@dataclass(frozen=True)
 class Vector:
     """A 1-D float32 weight at ``offset`` in :attr:`WeightStore.fbuf`."""
 
@@ -239,6 +253,18 @@ class WeightStore:
         m = Matrix(len(self.matrices), info.name, GGMLType(info.type), info.shape[1], info.shape[0])
         self.matrices.append((m, info))
         return m
+
+    def experts(self, info: TensorInfo) -> Experts:
+        """A 3-D tensor as one matrix per expert (the rows of expert ``e`` are rows
+        ``e * nrows ..`` of the tensor seen as 2-D: ggml rows are contiguous)."""
+        if len(info.shape) != 3:
+            raise ModelError(f"tensor {info.name!r} must be 3-D, has shape {info.shape}")
+        ncols, nrows, n_expert = info.shape
+        flat = replace(info, shape=(ncols, nrows * n_expert))
+        first = len(self.matrices)
+        for e in range(n_expert):
+            self.matrix(row_slice(flat, e * nrows, nrows))
+        return Experts(first, info.name, GGMLType(info.type), n_expert, nrows, ncols)
 
     def vector(self, info: TensorInfo) -> Vector:
         if info.type != GGMLType.F32 or len(info.shape) != 1:
