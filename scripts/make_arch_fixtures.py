@@ -11,8 +11,8 @@ sha256, llama.cpp's logits on ``tokens`` (teacher-forced, every position) and a 
 continuation of ``prompt``. Cases: ``qwen2``, ``qwen3``, ``phi3`` (context 256: short rope
 factors; ``phi3_long``: the same file in a context of 512, above the original context of
 256, so the long factors; llama.cpp rounds contexts up to multiples of 256 before it
-chooses), and ``llama_swa`` (a llama file with
-``llama.attention.sliding_window`` = 4).
+chooses), ``llama_swa`` (a llama file with ``llama.attention.sliding_window`` = 4),
+``smollm3``, ``qwen3moe`` (4 experts, 2 used) and ``mixtral`` (a llama file with 4 experts).
 
 The oracle runs in a subprocess (``--oracle-py``, the llama-cpp-python interpreter); the
 tests never need it.

@@ -8,8 +8,8 @@ with llama.cpp.
   forward, a batch of two sequences == each alone, ``seq_rm`` + re-decode == the first pass.
   Encoders (bert): embedding shapes, two sequences in one batch == each alone.
 * the cases of ``tiny.LLAMA_CPP_CASES`` (qwen2, qwen3, phi3 with short and long rope
-  factors, smollm3, a llama file with ``llama.attention.sliding_window``: llama.cpp ignores
-  the key for ``llama``, so do we) vs llama.cpp's logits and greedy continuations (``tests/fixtures/engine/arch_logits.npz``,
+  factors, smollm3, qwen3moe, a llama file with experts (Mixtral), a llama file with
+  ``llama.attention.sliding_window``: llama.cpp ignores the key for ``llama``, so do we) vs llama.cpp's logits and greedy continuations (``tests/fixtures/engine/arch_logits.npz``,
   ``scripts/make_arch_fixtures.py``).
 * An unknown ``general.architecture`` is an error listing the supported ones.
 """

@@ -11,7 +11,7 @@ from llamacpy.errors import ModelError
 from llamacpy.gguf import GGUFReader
 from llamacpy.hparams import HParams
 from llamacpy.models import check_model, model_class
-from llamacpy.models.spec import shape_of
+from llamacpy.models.spec import read_hparams, shape_of
 
 
 def _llama(**overrides):
@@ -104,6 +104,66 @@ def test_vocab_from_embedding_when_no_tokenizer() -> None:
     md = _llama(**{"tokenizer.ggml.tokens": None})
     hp = HParams.from_gguf(md, n_vocab=100)
     assert check_model(md, _shapes(hp)).n_vocab == 100
+
+
+def _moe(arch: str = "qwen3moe", **overrides):
+    md = {k.replace("llama.", f"{arch}."): v for k, v in _llama().items()}
+    md |= {"general.architecture": arch, f"{arch}.expert_count": 4}
+    md[f"{arch}.expert_used_count"] = 2
+    md.update(overrides)
+    return {k: v for k, v in md.items() if v is not None}
+
+
+def _moe_shapes(md) -> tuple[type, HParams, dict[str, tuple[int, ...]]]:
+    """The class a file runs as, its hyper-parameters and its required tensors' shapes."""
+    cls = model_class(md["general.architecture"]).variant(md)
+    hp = cls.derived(read_hparams(cls.arch, md, {}, cls.params))
+    out = {}
+    for t in cls.tensors:
+        if not t.optional:
+            for i in range(hp.n_layer) if t.per_layer else (None,):
+                out[t.name.format(i=i)] = shape_of(hp, t)
+    return cls, hp, out
+
+
+def test_experts_hparams_and_shapes() -> None:
+    md = _moe()  # qwen3moe: experts of feed_forward_length / expert_used_count by default
+    _, hp, shapes = _moe_shapes(md)
+    assert (hp.extra["n_expert"], hp.extra["n_expert_used"], hp.extra["n_ff_exp"]) == (4, 2, 48)
+    assert shapes["blk.1.ffn_gate_inp.weight"] == (64, 4)
+    assert shapes["blk.1.ffn_up_exps.weight"] == (64, 48, 4)
+    assert shapes["blk.1.ffn_down_exps.weight"] == (48, 64, 4)
+    assert "blk.1.ffn_up.weight" not in shapes
+    assert check_model(md, shapes).extra == hp.extra
+    md = _moe(**{"qwen3moe.expert_feed_forward_length": 32})
+    assert _moe_shapes(md)[2]["blk.0.ffn_gate_exps.weight"] == (64, 32, 4)
+    shapes = _moe_shapes(md)[2]
+    shapes["blk.0.ffn_down_exps.weight"] = (32, 64, 3)
+    with pytest.raises(ModelError, match=r"ffn_down_exps.weight' has shape \(32, 64, 3\)"):
+        check_model(md, shapes)
+    # a llama file with experts runs as Mixtral: experts of feed_forward_length
+    md = _moe("llama")
+    cls, hp, shapes = _moe_shapes(md)
+    assert cls.block[-2:] == ("ffn_router", "ffn_moe") and hp.extra["n_ff_exp"] == 96
+    assert check_model(md, shapes).extra == hp.extra
+    shapes = _shapes(HParams.from_gguf(_llama()))
+    shapes["blk.0.ffn_gate_inp.weight"] = (64, 4)  # experts without llama.expert_count
+    with pytest.raises(ModelError, match="ffn_gate_inp.weight.*not supported"):
+        check_model(_llama(), shapes)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"qwen3moe.expert_count": None}, "'qwen3moe.expert_count' is missing"),
+        ({"qwen3moe.expert_used_count": 5}, r"expert_used_count \(5\) is larger"),
+        ({"qwen3moe.expert_feed_forward_length": 24}, "multiple of 16"),
+        ({"qwen3moe.expert_count": 2.5}, "must be an integer"),
+    ],
+)
+def test_bad_expert_hyperparameters(overrides, message) -> None:
+    with pytest.raises(ModelError, match=message):
+        _moe_shapes(_moe(**overrides))
 
 
 @pytest.mark.real_model

@@ -1,9 +1,10 @@
 """The compiled forward of every decoder architecture vs the numpy reference built from the
 same block declaration (``llamacpy.models.reference``).
 
-Each architecture's tiny random model (``models.tiny``) runs prompts through the engine
-(rows and tiled attention, inside and past gemma3's sliding window of 4, all / last / some
-logits wanted), each followed by single-token decode steps. The model's ``forward`` is
+Each architecture's (and variant's: ``tiny.TINY_VARIANTS``, a llama file with experts) tiny
+random model (``models.tiny``) runs prompts through the engine (rows and tiled attention,
+inside and past gemma3's sliding window of 4, all / last / some logits wanted), each followed
+by single-token decode steps. The model's ``forward`` is
 wrapped: on every ubatch the reference first runs on a copy of the KV cache, with the arrays,
 attention mode and thread count the engine built, then the compiled forward; their logits
 must agree (see :data:`TIGHT`, :data:`FLIPPED`). Also: decode steps in the split attention,
@@ -24,7 +25,7 @@ from llamacpy.gguf import GGMLType
 from llamacpy.models import stages
 from llamacpy.models.decoder import LLAMA_BLOCK
 from llamacpy.models.reference import STAGES, Reference, stage_functions
-from llamacpy.models.tiny import TINY_ARCHS, write_tiny_llama
+from llamacpy.models.tiny import TINY_ARCHS, TINY_VARIANTS, write_tiny_llama
 
 SEED = 5
 N_CTX = 128  # n_kv 128: two attention tiles
@@ -32,7 +33,9 @@ N_DECODE = 3
 TOKENS = np.random.default_rng(SEED).integers(3, 259, 70).tolist()
 # prompt length -> which of its tokens want logits (rows 3, 7; tiled 70)
 PROMPTS = {3: "all", 7: "last", 70: (0, 5, 31, 64, 69)}
-CASES = [(arch, t) for arch in TINY_ARCHS for t in (GGMLType.F32, GGMLType.Q8_0)]
+# model name -> (architecture, tiny-model options): every architecture and variant
+MODELS = {arch: (arch, {}) for arch in TINY_ARCHS} | TINY_VARIANTS
+CASES = [(name, t) for name in MODELS for t in (GGMLType.F32, GGMLType.Q8_0)]
 # a K-quant (q8_K activations): Q3_K, as the tiny Q4_K / Q5_K weights share a large offset
 # (random block mins) that leaves their logits nearly blind to attention
 CASES += [("gemma3", GGMLType.Q3_K)]
@@ -51,10 +54,11 @@ def model_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("reference")
 
 
-def _context(model_dir: Path, arch: str, t: GGMLType, **kw) -> Context:
-    path = model_dir / f"{arch}_{t.name}.gguf"
+def _context(model_dir: Path, name: str, t: GGMLType, **kw) -> Context:
+    path = model_dir / f"{name}_{t.name}.gguf"
     if not path.exists():
-        write_tiny_llama(path, t, seed=SEED, arch=arch)
+        arch, opts = MODELS[name]
+        write_tiny_llama(path, t, seed=SEED, arch=arch, **opts)
     params = {"n_ctx": N_CTX, "n_threads": 2, "type_k": "f16", "type_v": "f16", **kw}
     return Context(path, ContextParams(kernel_formats="all", **params))
 
@@ -134,7 +138,7 @@ def test_compiled_forward_matches_reference(model_dir, monkeypatch, arch, t) -> 
     print(f"{arch} {t.name}: max row |compiled - reference| / max|logit| = {worst:.2e}")
 
 
-@pytest.mark.parametrize("arch", TINY_ARCHS)
+@pytest.mark.parametrize("arch", list(MODELS))
 def test_split_decode_matches_reference(model_dir, monkeypatch, arch) -> None:
     # the engine splits single-token attention over threads from 512 cells on; forced here
     ctx = _context(model_dir, arch, GGMLType.F32)

@@ -7,8 +7,10 @@ llama.cpp loads it too. ``arch`` picks a variant of the same decoder: ``qwen2`` 
 biases), ``qwen3`` (per-head Q/K norms, head size 32 != n_embd/n_head), ``phi3`` (fused
 ``attn_qkv`` and gate|up ``ffn_up``, ``rope_factors_long/short`` and a rope attention
 factor), ``gemma3`` (Q/K norms, post-norms, layers alternating sliding-window and global
-attention, window 4), ``smollm3`` (4 layers: the fourth without rope); ``sliding_window`` adds ``{arch}.attention.sliding_window``
-(mistral-style files). ``write_tiny_bert`` writes a tiny random ``bert`` encoder.
+attention, window 4), ``smollm3`` (4 layers: the fourth without rope), ``qwen3moe`` (qwen3's
+attention, a mixture of 4 experts of FFN size 64, 2 used per token); ``n_expert`` > 0 gives
+a ``llama`` file experts (Mixtral: 2 used, of FFN size ``n_ff``); ``sliding_window`` adds
+``{arch}.attention.sliding_window`` (mistral-style files). ``write_tiny_bert`` writes a tiny random ``bert`` encoder.
 Only numpy and the GGUF writer are used: the file is byte-identical for a given seed, type,
 arch and numpy version.
 """
@@ -42,7 +44,9 @@ _SCALES: dict[GGMLType, tuple[tuple[int, float], ...]] = {
 _EXPONENTS: dict[GGMLType, tuple[tuple[int, int, int], ...]] = {
     GGMLType.MXFP4: ((0, 120, 122),),
 }
-TINY_ARCHS = ("llama", "qwen2", "qwen3", "phi3", "gemma3", "smollm3")
+TINY_ARCHS = ("llama", "qwen2", "qwen3", "phi3", "gemma3", "smollm3", "qwen3moe")
+# Variants of an architecture that run other stages: name -> (arch, builder options)
+TINY_VARIANTS: dict[str, tuple[str, dict]] = {"mixtral": ("llama", {"n_expert": 4})}
 # Cases compared with llama.cpp's logits and greedy text (tests/test_architectures.py,
 # fixtures from scripts/make_arch_fixtures.py): name -> (arch, builder options, n_ctx)
 LLAMA_CPP_CASES: dict[str, tuple[str, dict, int]] = {
@@ -52,6 +56,8 @@ LLAMA_CPP_CASES: dict[str, tuple[str, dict, int]] = {
     "phi3_long": ("phi3", {}, 512),  # long rope factors (context above the original 256)
     "llama_swa": ("llama", {"sliding_window": 4}, 64),  # the key is ignored for llama
     "smollm3": ("smollm3", {}, 64),
+    "qwen3moe": ("qwen3moe", {}, 64),
+    "mixtral": ("llama", {"n_expert": 4}, 64),  # a llama file with experts
 }
 PHI3_ORIG_CTX = 256  # phi3: rope.scaling.original_context_length (long factors above it)
 PHI3_N_CTX = 1024  # phi3: context_length
@@ -63,6 +69,9 @@ TINY_SHAPE = {
     "n_layer": 2,
     "n_vocab": 259,
     "n_ctx": 256,
+    "n_expert": 0,  # mixture of experts (0: a dense FFN)
+    "n_expert_used": 2,
+    "n_ff_exp": 0,  # qwen3moe's expert_feed_forward_length (0: none)
 }
 
 
@@ -112,9 +121,13 @@ def write_tiny_llama(
     """
     if arch not in TINY_ARCHS:
         raise ValueError(f"tiny models exist for {', '.join(TINY_ARCHS)}, not {arch!r}")
-    own = {"phi3": {"n_ctx": PHI3_N_CTX}, "smollm3": {"n_layer": 4}}.get(arch, {})
+    own = {
+        "phi3": {"n_ctx": PHI3_N_CTX},
+        "smollm3": {"n_layer": 4},
+        "qwen3moe": {"n_expert": 4, "n_ff_exp": 64},
+    }.get(arch, {})
     s = {**TINY_SHAPE, **own, **shape}
-    hd = 32 if arch == "qwen3" else s["n_embd"] // s["n_head"]
+    hd = 32 if arch in ("qwen3", "qwen3moe") else s["n_embd"] // s["n_head"]
     w = GGUFWriter(path)
     w.add("general.architecture", arch)
     # (llama.cpp keys vocabulary fix-ups on names containing "phi3": keep the arch out)
@@ -135,7 +148,12 @@ def _add_hparams(w, a: str, s: dict, hd: int, rope: str, sliding_window: int, at
     w.add(f"{a}.feed_forward_length", s["n_ff"], GGUFValueType.UINT32)
     w.add(f"{a}.attention.head_count", s["n_head"], GGUFValueType.UINT32)
     w.add(f"{a}.attention.head_count_kv", s["n_head_kv"], GGUFValueType.UINT32)
-    if a == "qwen3":
+    if s["n_expert"]:
+        w.add(f"{a}.expert_count", s["n_expert"], GGUFValueType.UINT32)
+        w.add(f"{a}.expert_used_count", s["n_expert_used"], GGUFValueType.UINT32)
+    if s["n_ff_exp"]:
+        w.add(f"{a}.expert_feed_forward_length", s["n_ff_exp"], GGUFValueType.UINT32)
+    if a in ("qwen3", "qwen3moe"):
         w.add(f"{a}.attention.key_length", hd, GGUFValueType.UINT32)
         w.add(f"{a}.attention.value_length", hd, GGUFValueType.UINT32)
     w.add(f"{a}.rope.dimension_count", hd, GGUFValueType.UINT32)
@@ -176,8 +194,9 @@ def _add_tensors(w, rng, t: GGMLType, arch: str, s: dict, hd: int, rope: str) ->
     def norm(n: int = e) -> np.ndarray:
         return (1.0 + _normal(rng, n)).astype(np.float32)
 
-    def mat(name: str, nrows: int, ncols: int) -> None:
-        w.add_tensor(name, t, (ncols, nrows), random_tensor(rng, t, nrows, ncols))
+    def mat(name: str, nrows: int, ncols: int, n: int = 1) -> None:
+        shape = (ncols, nrows) if n == 1 else (ncols, nrows, n)
+        w.add_tensor(name, t, shape, random_tensor(rng, t, nrows * n, ncols))
 
     def vec(name: str, x: np.ndarray) -> None:
         w.add_tensor(name, GGMLType.F32, (len(x),), x)
@@ -207,21 +226,34 @@ def _add_layer(p: str, arch: str, s: dict, hd: int, mat, vec, norm, rng) -> None
     if arch == "qwen2":  # biases of std 0.5: large enough to matter
         for name, n in (("attn_q", qd), ("attn_k", kvd), ("attn_v", kvd)):
             vec(p + name + ".bias", 10.0 * _normal(rng, n))
-    if arch in ("qwen3", "gemma3"):
+    if arch in ("qwen3", "qwen3moe", "gemma3"):
         vec(p + "attn_q_norm.weight", norm(hd))
         vec(p + "attn_k_norm.weight", norm(hd))
     mat(p + "attn_output.weight", e, qd)
     if arch == "gemma3":
         vec(p + "post_attention_norm.weight", norm())
     vec(p + "ffn_norm.weight", norm())
-    if arch == "phi3":
+    if s["n_expert"]:
+        _add_experts(p, s, mat)
+    elif arch == "phi3":
         mat(p + "ffn_up.weight", 2 * f, e)
     else:
         mat(p + "ffn_gate.weight", f, e)
         mat(p + "ffn_up.weight", f, e)
-    mat(p + "ffn_down.weight", e, f)
+    if not s["n_expert"]:
+        mat(p + "ffn_down.weight", e, f)
     if arch == "gemma3":
         vec(p + "post_ffw_norm.weight", norm())
+
+
+def _add_experts(p: str, s: dict, mat) -> None:
+    """The router and the experts' 3-D tensors (``[n_expert, rows, cols]``)."""
+    e, n = s["n_embd"], s["n_expert"]
+    f = s["n_ff_exp"] or s["n_ff"]
+    mat(p + "ffn_gate_inp.weight", n, e)
+    mat(p + "ffn_gate_exps.weight", f, e, n)
+    mat(p + "ffn_up_exps.weight", f, e, n)
+    mat(p + "ffn_down_exps.weight", e, f, n)
 
 
 def write_tiny_bert(
