@@ -46,7 +46,10 @@ _EXPONENTS: dict[GGMLType, tuple[tuple[int, int, int], ...]] = {
 }
 TINY_ARCHS = ("llama", "qwen2", "qwen3", "phi3", "gemma3", "smollm3", "qwen3moe")
 # Variants of an architecture that run other stages: name -> (arch, builder options)
-TINY_VARIANTS: dict[str, tuple[str, dict]] = {"mixtral": ("llama", {"n_expert": 4})}
+TINY_VARIANTS: dict[str, tuple[str, dict]] = {
+    "mixtral": ("llama", {"n_expert": 4}),
+    "qwen3moe_router_f32": ("qwen3moe", {"router_f32": 1}),  # F32 router, quantized experts
+}
 # Cases compared with llama.cpp's logits and greedy text (tests/test_architectures.py,
 # fixtures from scripts/make_arch_fixtures.py): name -> (arch, builder options, n_ctx)
 LLAMA_CPP_CASES: dict[str, tuple[str, dict, int]] = {
@@ -57,6 +60,7 @@ LLAMA_CPP_CASES: dict[str, tuple[str, dict, int]] = {
     "llama_swa": ("llama", {"sliding_window": 4}, 64),  # the key is ignored for llama
     "smollm3": ("smollm3", {}, 64),
     "qwen3moe": ("qwen3moe", {}, 64),
+    "qwen3moe_router_f32": ("qwen3moe", {"router_f32": 1}, 64),  # as converted files
     "mixtral": ("llama", {"n_expert": 4}, 64),  # a llama file with experts
 }
 PHI3_ORIG_CTX = 256  # phi3: rope.scaling.original_context_length (long factors above it)
@@ -72,6 +76,7 @@ TINY_SHAPE = {
     "n_expert": 0,  # mixture of experts (0: a dense FFN)
     "n_expert_used": 2,
     "n_ff_exp": 0,  # qwen3moe's expert_feed_forward_length (0: none)
+    "router_f32": 0,  # 1: ffn_gate_inp in F32 (as converted files keep it), not weight_type
 }
 
 
@@ -194,9 +199,10 @@ def _add_tensors(w, rng, t: GGMLType, arch: str, s: dict, hd: int, rope: str) ->
     def norm(n: int = e) -> np.ndarray:
         return (1.0 + _normal(rng, n)).astype(np.float32)
 
-    def mat(name: str, nrows: int, ncols: int, n: int = 1) -> None:
+    def mat(name: str, nrows: int, ncols: int, n: int = 1, typ: GGMLType | None = None) -> None:
+        typ = t if typ is None else typ
         shape = (ncols, nrows) if n == 1 else (ncols, nrows, n)
-        w.add_tensor(name, t, shape, random_tensor(rng, t, nrows * n, ncols))
+        w.add_tensor(name, typ, shape, random_tensor(rng, typ, nrows * n, ncols))
 
     def vec(name: str, x: np.ndarray) -> None:
         w.add_tensor(name, GGMLType.F32, (len(x),), x)
@@ -250,7 +256,7 @@ def _add_experts(p: str, s: dict, mat) -> None:
     """The router and the experts' 3-D tensors (``[n_expert, rows, cols]``)."""
     e, n = s["n_embd"], s["n_expert"]
     f = s["n_ff_exp"] or s["n_ff"]
-    mat(p + "ffn_gate_inp.weight", n, e)
+    mat(p + "ffn_gate_inp.weight", n, e, typ=GGMLType.F32 if s["router_f32"] else None)
     mat(p + "ffn_gate_exps.weight", f, e, n)
     mat(p + "ffn_up_exps.weight", f, e, n)
     mat(p + "ffn_down_exps.weight", e, f, n)
