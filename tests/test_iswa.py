@@ -185,10 +185,10 @@ def test_tiny_gemma3_window_cache_matches_reference_and_full_cache(gemma, monkey
     model, ref = ctx.model, Reference(ctx.model)
     compiled, worst = model.forward, []
 
-    def both(ws, ub, kv, n_threads):
+    def both(ws, ub, kv, n_threads, deterministic=False):
         copies = {id(a): a.copy() for a in kv[:4]}
         want = ref.forward(ub, (*(copies[id(a)] for a in kv[:4]), kv[4]), n_threads)
-        got = compiled(ws, ub, kv, n_threads)
+        got = compiled(ws, ub, kv, n_threads, deterministic)
         worst.append(float(np.abs(got - want).max() / np.abs(want).max()))
         return got
 

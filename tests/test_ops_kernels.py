@@ -9,6 +9,8 @@ from llamacpy.ops import activations, attention, norm, rope
 from llamacpy.ops import attention_ref as AR
 from llamacpy.ops.attention import KV_F16, KV_F32, KV_Q8_0
 
+NO_ORDER = np.zeros(0, np.int32)
+
 F32 = np.float32
 
 
@@ -116,7 +118,7 @@ def test_attention_matches_twin(kv_type: int, mode: int) -> None:
     kv = (kc.reshape(-1), vc.reshape(-1), 0, n_kv * rb)  # flat caches, layer base, head stride
     if mode == 0:
         attention.attention_rows(
-            0, 1, n, n_kv, *args, kv_type, rb, q, *kv, mask, out, qv, qq, vb, res
+            0, 1, n, n_kv, *args, kv_type, rb, q, *kv, mask, NO_ORDER, out, qv, qq, vb, res
         )
     elif mode == 1:  # softmax states for one query head at a time, the group, blocks of 16
         # to 64 rows; query rows one at a time, then in pairs (score scratch for two): the
@@ -151,9 +153,42 @@ def test_attention_matches_twin(kv_type: int, mode: int) -> None:
         )
         for tid in range(nth):
             attention.attention_split_partial(
-                tid, nth, n_kv, *args, kv_type, rb, q, *kv, mask, qv, qq, vb, res, pm, ps, pv
-            )
+                tid, nth, n_kv, *args, kv_type, rb, q, *kv, mask, NO_ORDER, qv, qq, vb, res, pm,
+                ps, pv,
+            )  # fmt: skip
         for tid in range(nth):
             attention.attention_split_merge(tid, nth, nh, hd, pm, ps, pv, out, res)
     tol = 1e-5
     np.testing.assert_allclose(out.reshape(n, nh, hd), want, rtol=0, atol=tol)
+
+
+@pytest.mark.parametrize("kv_type", [KV_F16, KV_F32, KV_Q8_0], ids=["f16", "f32", "q8_0"])
+def test_attention_rows_in_given_order_do_not_depend_on_cell_placement(kv_type: int) -> None:
+    """Rows attending the cells through ``order`` (a deterministic context's position order)
+    give the same bits whatever cells hold the sequence; in plain cell order they do not."""
+    rng = np.random.default_rng(11)
+    nh, nkv, hd, n_kv, n = 4, 2, 64, 160, 5
+    kc, vc = _cache(rng, kv_type, n_kv, hd, nkv)
+    q = rng.standard_normal((n, nh * hd)).astype(F32)
+    mask = np.zeros((n, n_kv), np.uint8)
+    for t in range(n):
+        mask[t, : n_kv - n + t + 1] = 1
+    perm = rng.permutation(n_kv).astype(np.int32)  # cell perm[i] holds what cell i held
+    kp, vp, mp = np.empty_like(kc), np.empty_like(vc), np.empty_like(mask)
+    kp[:, perm], vp[:, perm], mp[:, perm] = kc, vc, mask
+    rb = kc.shape[2]
+
+    def scratch():
+        return np.zeros(hd, F32), np.zeros(hd, np.int32), np.zeros(hd, F32), np.zeros(hd, F32)
+
+    outs = []
+    for k_, v_, m_, order in ((kc, vc, mask, NO_ORDER), (kp, vp, mp, perm),
+                              (kp, vp, mp, NO_ORDER)):  # fmt: skip
+        out = np.zeros((n, nh * hd), F32)
+        attention.attention_rows(
+            0, 1, n, n_kv, nh, nh // nkv, hd, F32(0.125), kv_type, kv_type, rb, q,
+            k_.reshape(-1), v_.reshape(-1), 0, n_kv * rb, m_, order, out, *scratch(),
+        )  # fmt: skip
+        outs.append(out)
+    np.testing.assert_array_equal(outs[1], outs[0])
+    assert not np.array_equal(outs[2], outs[0])  # the order is what makes them equal

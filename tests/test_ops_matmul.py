@@ -77,6 +77,27 @@ def test_q4_k_groups_of_four_sum_as_ggml_gemm_and_singles_as_gemv() -> None:
     assert (alone[:4] != together[:4]).any()  # the two orders do differ somewhere
 
 
+@pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
+def test_invariant_kernels_give_every_token_its_single_token_result(t: GGMLType) -> None:
+    """A deterministic context's kernels: a token's row is the same bits in a call of 11
+    tokens (groups of four, pairs, the 8+-token paths) as alone, and alone it is the default
+    kernel's single-token result (deterministic decoding is ordinary decoding). A format
+    without a ``matmul_invariant`` kernel must be invariant as it is."""
+    inv = M.FormatSet([t], invariant=True) if traits.get(t).matmul_invariant else ALL
+    nrows, ncols = 48, 768 if traits.get(t).layout.qk == 256 else 96
+    packed, desc = _weights(t, nrows, ncols, seed=9)
+    x = np.random.default_rng(3).standard_normal((11, ncols)).astype(np.float32)
+    a = M.new_acts(11, ncols)
+    M.prepare_acts(x, 0, 11, ncols, M.act_need([t]), a)
+    together, alone, plain = (np.zeros((11, 48), np.float32) for _ in range(3))
+    M.matmul(inv, packed, desc, a, 0, 11, 0, 3, together, 0, False)
+    for i in range(11):
+        M.matmul(inv, packed, desc, a, i, i + 1, 0, 3, alone, i, False)
+        M.matmul(ALL, packed, desc, a, i, i + 1, 0, 3, plain, i, False)
+    np.testing.assert_array_equal(together, alone)
+    np.testing.assert_array_equal(alone, plain)
+
+
 def test_accumulate_mode_adds_to_output() -> None:
     packed, desc = _weights(GGMLType.Q4_0, 32, 64)
     x = np.random.default_rng(3).standard_normal((2, 64)).astype(np.float32)

@@ -74,14 +74,14 @@ class Recorder:
         self.decode_mode = decode_mode
         self.steps: list[tuple[int, int, np.ndarray, np.ndarray]] = []
 
-    def __call__(self, ws, ub, kv, n_threads):
+    def __call__(self, ws, ub, kv, n_threads, deterministic=False):
         if len(ub.tokens) == 1 and self.decode_mode is not None:
             ub = replace(ub, mode=self.decode_mode, mode_swa=self.decode_mode)
         kc, vc, kcs, vcs, info = kv
         copies = {id(a): a.copy() for a in (kc, vc, kcs, vcs)}  # a cache shared: one copy
         mine = tuple(copies[id(a)] for a in (kc, vc, kcs, vcs))
         want = self.reference.forward(ub, (*mine, info), n_threads)
-        got = self.compiled(ws, ub, kv, n_threads)
+        got = self.compiled(ws, ub, kv, n_threads, deterministic)
         self.steps.append((len(ub.tokens), ub.mode, got.copy(), want))
         return got
 

@@ -180,6 +180,7 @@ class Llama:
         type_k: int | str | None = None,
         type_v: int | str | None = None,
         swa_full: bool | None = None,
+        deterministic: bool = False,
         verbose: bool = True,
         **kwargs: Any,
     ) -> None:
@@ -222,6 +223,7 @@ class Llama:
                 type_v=_cache_type(type_v),
                 # llama-cpp-python's default (None): the context default of llama.h, full
                 swa_full=True if swa_full is None else bool(swa_full),
+                deterministic=bool(deterministic),
                 use_mmap=use_mmap,
                 use_mlock=use_mlock,
                 rope=rope,

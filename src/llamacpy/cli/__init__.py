@@ -57,6 +57,23 @@ _COMPAT = (
 )
 
 
+def add_memory_args(p: argparse.ArgumentParser) -> None:
+    """The window-cache and determinism flags of the commands that decode."""
+    p.add_argument(
+        "--swa-full",
+        action="store_true",
+        help="sliding-window layers keep all n_ctx cells (default: the window "
+        "plus a ubatch, as llama.cpp)",
+    )
+    p.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="batch-invariant results: a sequence's logits do not depend on the other "
+        "sequences decoded with it, its cache cells, the ubatch size or the thread count "
+        "(slower prompt processing)",
+    )
+
+
 def add_compat_args(p: argparse.ArgumentParser, *, flash_attn: bool = True,
                     conversation: bool = False, warmup: bool = True) -> None:  # fmt: skip
     """llama.cpp's GPU and flash-attention flags, accepted and noted (see :func:`compat_notes`)."""

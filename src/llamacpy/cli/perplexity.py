@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from ..errors import UsageError
-from . import add_compat_args
+from . import add_compat_args, add_memory_args
 
 
 def _perplexity(args: argparse.Namespace) -> int:
@@ -44,6 +44,7 @@ def _perplexity(args: argparse.Namespace) -> int:
         type_k=args.cache_type_k,
         type_v=args.cache_type_v,
         swa_full=args.swa_full,
+        deterministic=args.deterministic,
         use_mmap=args.mmap,
     )
     model = load_model(args.model, params)
@@ -88,12 +89,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-tb", "--threads-batch", type=int, default=0, help="prompt threads")
     p.add_argument("-ctk", "--cache-type-k", default="f16", help="KV cache type of K")
     p.add_argument("-ctv", "--cache-type-v", default="f16", help="KV cache type of V")
-    p.add_argument(
-        "--swa-full",
-        action="store_true",
-        help="sliding-window layers keep all n_ctx cells (default: the window "
-        "plus a ubatch, as llama.cpp)",
-    )
+    add_memory_args(p)
     p.add_argument("--no-mmap", dest="mmap", action="store_false", help="read, do not map")
     p.add_argument("-v", "--verbose", action="store_true", help="(accepted for compatibility)")
     add_compat_args(p)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import LlamacpyError, UsageError
-from . import add_compat_args
+from . import add_compat_args, add_memory_args
 
 # flag -> (SamplingParams field, type, help)
 _SAMPLING_FLAGS: list[tuple[tuple[str, ...], str, type, str]] = [
@@ -61,12 +61,7 @@ def add_model_args(p: argparse.ArgumentParser, *, n_ctx: int = 0) -> None:
                    help="threads for prompt processing (default: same as --threads)")  # fmt: skip
     p.add_argument("-ctk", "--cache-type-k", default="f16", help="KV cache type of K")
     p.add_argument("-ctv", "--cache-type-v", default="f16", help="KV cache type of V")
-    p.add_argument(
-        "--swa-full",
-        action="store_true",
-        help="sliding-window layers keep all n_ctx cells (default: the window "
-        "plus a ubatch, as llama.cpp)",
-    )
+    add_memory_args(p)
     p.add_argument("--no-mmap", dest="mmap", action="store_false", help="read, do not map")
     p.add_argument("--mlock", action="store_true", help="keep the model in RAM")
     p.add_argument("-v", "--verbose", action="store_true", help="print model/sampler info")
@@ -184,6 +179,7 @@ def load(args: argparse.Namespace) -> Any:
         type_k=args.cache_type_k,
         type_v=args.cache_type_v,
         swa_full=args.swa_full,
+        deterministic=args.deterministic,
         use_mmap=args.mmap,
         use_mlock=args.mlock,
     )

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
-from . import add_compat_args
+from . import add_compat_args, add_memory_args
 from .run import add_sampling_args, sampling_params
 
 
@@ -73,6 +73,7 @@ def _serve(args: argparse.Namespace) -> int:
             type_k=args.cache_type_k,
             type_v=args.cache_type_v,
             swa_full=args.swa_full,
+            deterministic=args.deterministic,
         )
         m = ServingModel.load(str(model_path), params, n_parallel=args.parallel,
                               max_queue=args.max_queue, chat_template=args.chat_template,
@@ -114,12 +115,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-tb", "--threads-batch", type=int, default=0, help="prompt threads")
     p.add_argument("-ctk", "--cache-type-k", default="f16", help="KV cache type of K")
     p.add_argument("-ctv", "--cache-type-v", default="f16", help="KV cache type of V")
-    p.add_argument(
-        "--swa-full",
-        action="store_true",
-        help="sliding-window layers keep all n_ctx cells (default: the window "
-        "plus a ubatch, as llama.cpp)",
-    )
+    add_memory_args(p)
     p.add_argument("-n", "--n-predict", "--predict", dest="n_predict", type=int, default=-1,
                    help="default tokens to predict (default: -1, until EOG or full slot)")  # fmt: skip
     p.add_argument("--api-key", default=None,

@@ -145,18 +145,22 @@ class Context:
 
     def _forward(self, ub: UBatch) -> np.ndarray:
         kv = self.kv
-        sl = kv.prepare(ub)
+        sl = kv.prepare(ub, ordered=self.params.deterministic)
         n = len(ub)
         nth = self.n_threads if n == 1 else self.n_threads_batch
         arrays = UBatchArrays(
             ub.token, ub.pos, sl.cells, sl.mask, sl.n_kv, ub.out_idx,
             sl.cells_swa, sl.mask_swa, sl.n_kv_swa,
-            self._mode(n, sl.n_kv), self._mode(n, sl.n_kv_swa),
+            self._mode(n, sl.n_kv), self._mode(n, sl.n_kv_swa), sl.order, sl.order_swa,
         )  # fmt: skip
-        return self.model.forward(self.ws, arrays, kv.forward_arrays(), nth)
+        det = self.params.deterministic
+        return self.model.forward(self.ws, arrays, kv.forward_arrays(), nth, det)
 
     def _mode(self, n: int, n_kv: int) -> int:
-        """The attention kernel of a ubatch of ``n`` tokens over ``n_kv`` cells."""
+        """The attention kernel of a ubatch of ``n`` tokens over ``n_kv`` cells (llama.cpp's
+        choice; a deterministic context attends every row alone, cells in position order)."""
+        if self.params.deterministic:
+            return MODE_ROWS
         same = self.kv.type_k == self.kv.type_v and self.kv.type_k in (0, 1)
         if n >= _TILED_MIN_TOKENS and same:
             return MODE_TILED

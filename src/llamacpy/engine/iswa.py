@@ -109,9 +109,12 @@ class ISWACache(Memory):
         return n if 0 <= pmin <= max(0, n - self.n_swa) else 0
 
     # ------------------------------------------------------------------ one ubatch
-    def prepare(self, ub: UBatch) -> Slots:
-        base, win = self.base.prepare(ub), self.swa.prepare(ub)
-        return Slots(base.cells, base.n_kv, base.mask, win.cells, win.n_kv, win.mask)
+    def prepare(self, ub: UBatch, ordered: bool = False) -> Slots:
+        base, win = self.base.prepare(ub, ordered), self.swa.prepare(ub, ordered)
+        return Slots(
+            base.cells, base.n_kv, base.mask, win.cells, win.n_kv, win.mask, base.order,
+            win.order,
+        )  # fmt: skip
 
     def apply_shift(self, rope, freqs: np.ndarray) -> None:
         ropes = list(rope) if isinstance(rope, list | tuple) else [rope] * len(self.layer_swa)

@@ -91,12 +91,16 @@ class KVCache(Memory):
             self._arrays = (k, v, k, v, info)
         return self._arrays
 
-    def prepare(self, ub: UBatch) -> Slots:
-        """Place the ubatch; its cells, attended range and mask (for every layer)."""
+    def prepare(self, ub: UBatch, ordered: bool = False) -> Slots:
+        """Place the ubatch; its cells, attended range and mask (for every layer) and,
+        ``ordered``, the attended cells sorted by position (a sequence's cells in the order
+        of its tokens wherever they were placed: empty cells first, ties kept in cell
+        order)."""
         cells = self.place(ub)
         n_kv = self.n_kv()
         mask = self.mask(ub, n_kv, self.n_swa)
-        return Slots(cells, n_kv, mask, cells, n_kv, mask)
+        order = np.argsort(self.pos[:n_kv], kind="stable").astype(np.int32) if ordered else None
+        return Slots(cells, n_kv, mask, cells, n_kv, mask, order, order)
 
     # ------------------------------------------------------------------ queries
     @property

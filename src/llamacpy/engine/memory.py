@@ -49,7 +49,9 @@ from .batch import UBatch
 class Slots:
     """Where a ubatch went: per layer kind (global, sliding-window) the cell of each token
     (int32 ``[n]``), the cells the forward's attention looks at (``n_kv``: the first ones)
-    and the mask (uint8 ``[n, n_kv]``, 1 where token ``t`` sees cell ``c``)."""
+    and the mask (uint8 ``[n, n_kv]``, 1 where token ``t`` sees cell ``c``); with
+    ``prepare(ub, ordered=True)`` also the ``n_kv`` cells in order of position (int32),
+    the order a deterministic forward attends them in (None otherwise)."""
 
     cells: np.ndarray
     n_kv: int
@@ -57,6 +59,8 @@ class Slots:
     cells_swa: np.ndarray
     n_kv_swa: int
     mask_swa: np.ndarray
+    order: np.ndarray | None = None
+    order_swa: np.ndarray | None = None
 
 
 class Memory(ABC):
@@ -108,8 +112,9 @@ class Memory(ABC):
 
     # ------------------------------------------------------------------ one ubatch
     @abstractmethod
-    def prepare(self, ub: UBatch) -> Slots:
-        """Place the ubatch's tokens (taking cells for them) and say where they went."""
+    def prepare(self, ub: UBatch, ordered: bool = False) -> Slots:
+        """Place the ubatch's tokens (taking cells for them) and say where they went;
+        ``ordered``: with the attended cells in order of position."""
 
     @abstractmethod
     def apply_shift(self, rope, freqs: np.ndarray) -> None:

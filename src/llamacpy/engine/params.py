@@ -28,6 +28,10 @@ class ContextParams:
     type_v: str = "f16"
     # sliding-window layers keep every cell (n_ctx) instead of the window plus a ubatch
     swa_full: bool = False
+    # batch-invariant results: a sequence's logits do not depend on the other sequences of
+    # its batches, on where its cells are, on the ubatch size or the thread count (one
+    # attention kernel, cells in order of position); costs prompt speed (see the README)
+    deterministic: bool = False
     use_mmap: bool = True
     use_mlock: bool = False
     threading_layer: str = "omp"

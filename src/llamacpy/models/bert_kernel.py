@@ -30,6 +30,9 @@ def linear(fset, n_threads, W, desc, A, n, out):
         matmul_sel(fset, W, desc, (a0, a1, a2, a3, a4, a5, a6, a7), 0, n, g0, g1, out, 0, False)
 
 
+_NO_ORDER = np.zeros(0, np.int32)  # cells in cell order
+
+
 @njit(cache=True, parallel=True)
 def attention(n_threads, n, n_head, hd, scale, Q, K, V, mask, ATT, kc, vc, TS):
     """Non-causal attention of ``n`` tokens with ggml's flash-attention numerics: K and V go
@@ -50,7 +53,8 @@ def attention(n_threads, n, n_head, hd, scale, Q, K, V, mask, ATT, kc, vc, TS):
         i = np.int64(tid)
         if n < TILE:
             attention_rows(i, n_threads, n, n, n_head, 1, hd, scale, KV_F16, KV_F16, rowb, Q,
-                           kc, vc, 0, hstride, mask, ATT, qv[i], qq[i], vbuf[i], res[i])  # fmt: skip
+                           kc, vc, 0, hstride, mask, _NO_ORDER, ATT, qv[i], qq[i], vbuf[i],
+                           res[i])  # fmt: skip
         else:
             attention_tiled(i, n_threads, n, n, n_head, 1, hd, scale, KV_F16, rowb, Q, kc, vc,
                             0, hstride, mask, ATT, kt[i], vt[i], pt[i], st[i])  # fmt: skip

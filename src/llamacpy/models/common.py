@@ -114,6 +114,9 @@ class UBatchArrays:
     n_kv_swa: int = 0
     mode: int = 0  # attention kernel (stages.MODE_*) of the global layers
     mode_swa: int = 0  # ... and of the sliding-window layers
+    # int32 [n_kv]: the order MODE_ROWS attends the cells in (None: cell order)
+    order: np.ndarray | None = None
+    order_swa: np.ndarray | None = None
 
 
 def lazy_zeros(shape, dtype) -> np.ndarray:

@@ -95,7 +95,7 @@ def launch(worker, fmask, n_threads, MA, LT, WT, UB, KV, S, STATE, bar):
     """Run the worker at address ``worker`` on ``n_threads`` threads (see the module
     docstring for the argument groups)."""
     W, WD, NF, RP, FF = WT
-    tokens, pos, cells, cells_swa, mask, mask_swa, out_idx, ui = UB
+    tokens, pos, cells, cells_swa, mask, mask_swa, out_idx, ui, order, order_swa = UB
     KC, VC, KCs, VCs, kvi = KV
     X, XN, Q, KN, VN, ATT, G, U, RL, SEL, WTS, EO, A, AP, XP, LOG, TS, prof = S
     a0, a1, a2, a3, a4, a5, a6, a7 = A
@@ -105,7 +105,7 @@ def launch(worker, fmask, n_threads, MA, LT, WT, UB, KV, S, STATE, bar):
         # (the parfor index is unsigned; mixing it with signed ints would give floats)
         _call_worker(
             worker, fmask, np.int64(tid), n_threads, MA, LT, (W, WD, NF, RP, FF),
-            (tokens, pos, cells, cells_swa, mask, mask_swa, out_idx, ui),
+            (tokens, pos, cells, cells_swa, mask, mask_swa, out_idx, ui, order, order_swa),
             (KC, VC, KCs, VCs, kvi),
             (X, XN, Q, KN, VN, ATT, G, U, RL, SEL, WTS, EO, (a0, a1, a2, a3, a4, a5, a6, a7),
              (p0, p1, p2, p3, p4, p5, p6, p7), XP, LOG,
@@ -132,7 +132,7 @@ class Forward:
         compiled on first use). ``numba.typeof`` of the arguments takes ~1.5 ms, so the
         address is kept per fingerprint of their types (numba's own dispatch key, ~3 us)."""
         try:
-            key = (args[0].mask, compute_fingerprint(args[1:]))
+            key = (args[0].key, compute_fingerprint(args[1:]))
         except (AttributeError, ValueError):  # a type numba has no fingerprint for
             key = self.signature(args)
         addr = self._addr.get(key)

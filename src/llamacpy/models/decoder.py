@@ -25,7 +25,7 @@ from ..gguf import GGMLType, GGUFModelFile, TensorInfo
 from ..hparams import HParams
 from ..ops import traits
 from ..ops.attention import TILE
-from ..ops.matmul import act_need, format_mask, new_acts
+from ..ops.matmul import FormatSet, act_need, format_mask, new_acts
 from ..ops.rope import RopeParams
 from ..ops.threads import new_barrier
 from . import stages
@@ -228,6 +228,7 @@ class Decoder:
         """The tables the compiled forward reads by field name."""
         hp = self.hparams
         self.fmask = format_mask(self.store.types)
+        self.fmask_invariant = FormatSet(self.store.types, invariant=True)
         lt = np.full(hp.n_layer, stages.NONE, stages.LAYER_DTYPE)
         for il, b in enumerate(self.blk):
             row = lt[il]
@@ -275,15 +276,24 @@ class Decoder:
         """Link every format's matmul kernel into the compiled forward pass (one compiled
         forward for all models, instead of one per set of weight formats)."""
         self.fmask = format_mask(traits.supported_types())
+        self.fmask_invariant = FormatSet(traits.supported_types(), invariant=True)
 
     # ------------------------------------------------------------------ running
     def workspace(self, n_tokens: int, n_threads: int) -> Workspace:
         return self.backend.workspace(Workspace, self.hparams, n_tokens, n_threads)
 
     def forward(
-        self, ws: Workspace, ub: UBatchArrays, kv_arrays: tuple, n_threads: int
+        self,
+        ws: Workspace,
+        ub: UBatchArrays,
+        kv_arrays: tuple,
+        n_threads: int,
+        deterministic: bool = False,
     ) -> np.ndarray:
-        """Run one ubatch; returns the logits ``[n_out, n_vocab]`` (a view into ``ws``)."""
+        """Run one ubatch; returns the logits ``[n_out, n_vocab]`` (a view into ``ws``).
+        ``deterministic``: matmul kernels whose arithmetic for a token does not depend on
+        the ubatch (with ``ub``'s rows-attention mode and cell order, a batch-invariant
+        forward)."""
         n_out = len(ub.out_idx)
         ws.ensure_outputs(n_out)
         win = ub.cells_swa is not None
@@ -291,15 +301,19 @@ class Decoder:
         mask_swa = ub.mask_swa if win else ub.mask
         n_kv_swa, mode_swa = (ub.n_kv_swa, ub.mode_swa) if win else (ub.n_kv, ub.mode)
         info = np.array([len(ub.tokens), ub.n_kv, ub.mode, n_out, n_kv_swa, mode_swa], np.int64)
+        order = _NO_ORDER if ub.order is None else ub.order
+        order_swa = order if not win else _NO_ORDER if ub.order_swa is None else ub.order_swa
+        ubt = (ub.tokens, ub.pos, ub.cells, cells_swa, ub.mask, mask_swa, ub.out_idx, info)
+        ubt = (*ubt, order, order_swa)
         st = self.store
         W, WD, NF = st.arrays_unchecked()
         args = (
-            self.fmask,
+            self.fmask_invariant if deterministic else self.fmask,
             n_threads,
             self.model_row,
             self.layer_table,
             (W, WD, NF, self.rope_arr, self.rope_factors(int(kv_arrays[-1][3]))),
-            (ub.tokens, ub.pos, ub.cells, cells_swa, ub.mask, mask_swa, ub.out_idx, info),
+            ubt,
             kv_arrays,
             ws.scratch(),
             ws.state,
@@ -308,6 +322,8 @@ class Decoder:
         self.backend.run(self.forward_kernel, args, st, n_threads)
         return ws.logits[:n_out, : self.hparams.n_vocab]
 
+
+_NO_ORDER = np.zeros(0, np.int32)  # attend cells in cell order
 
 # The activation kinds each input of a layer is quantized to: those of the matrices that
 # read it (the layer table's need_* fields).

@@ -41,6 +41,7 @@ class Part:
     mask: np.ndarray  # [n, n_kv]
     n_kv: int
     mode: int  # attention regime (stages.MODE_*)
+    order: np.ndarray | None = None  # cells in the order the rows attend them (None: cell order)
 
 
 @dataclass
@@ -115,11 +116,12 @@ class Reference:
         k_type, v_type, rowb, n_ctx, n_ctx_swa = (int(v) for v in info[:5])
         hk = int(M["n_head_kv"])  # flat caches -> [layer, head, cell]
         glob = Part(kc.reshape(-1, hk, n_ctx, rowb), vc.reshape(-1, hk, n_ctx, rowb),
-                    ub.cells, ub.mask, ub.n_kv, ub.mode)  # fmt: skip
+                    ub.cells, ub.mask, ub.n_kv, ub.mode, ub.order)  # fmt: skip
         win = glob
         if ub.cells_swa is not None:
             win = Part(kcs.reshape(-1, hk, n_ctx_swa, rowb), vcs.reshape(-1, hk, n_ctx_swa, rowb),
-                       ub.cells_swa, ub.mask_swa, ub.n_kv_swa, ub.mode_swa)  # fmt: skip
+                       ub.cells_swa, ub.mask_swa, ub.n_kv_swa, ub.mode_swa,
+                       ub.order_swa)  # fmt: skip
         p = Pass(
             ub, n_threads, (glob, win), k_type, v_type,
             np.asarray(model.rope_factors(n_ctx), _F32), embed(self, ub.tokens),
@@ -231,9 +233,12 @@ def attention(r: Reference, p: Pass, L) -> None:
         np.stack([load_rows_numpy(rows[: part.n_kv], d, t) for rows in cache[li]])
         for cache, t in ((part.kc, p.k_type), (part.vc, p.v_type))
     )
+    mask = part.mask[:, : part.n_kv]
+    if part.order is not None:  # a deterministic context: cells in order of position
+        keys, vals, mask = keys[:, part.order], vals[:, part.order], mask[:, part.order]
     att = attention_numpy(
-        _heads(p.q, d), keys, vals, part.mask[:, : part.n_kv], p.k_type, p.v_type, part.mode,
-        p.n_threads, r.M["kq_scale"],
+        _heads(p.q, d), keys, vals, mask, p.k_type, p.v_type, part.mode, p.n_threads,
+        r.M["kq_scale"],
     )  # fmt: skip
     p.att = att.reshape(len(att), -1)
 

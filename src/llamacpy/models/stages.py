@@ -133,7 +133,7 @@ STATE_DTYPE = np.dtype([("n_rows", np.int64)] + [
 # logits; TS per-thread attention scratch; prof cycles per stage.
 # The KV cache a layer kind uses (global, sliding-window): flat K and V cells, the cell of
 # each token, the mask, the cells attended, the attention kernel, the bytes between heads.
-KVPart = namedtuple("KVPart", "KC VC cells mask n_kv mode hstride")
+KVPart = namedtuple("KVPart", "KC VC cells mask n_kv mode hstride order")
 Ctx = namedtuple(
     "Ctx",
     "fmask tid nth M W WD NF RP FF tokens pos out_idx n_tok n_out kv kv_swa k_type v_type "
@@ -170,7 +170,7 @@ def context(fmask, tid, nth, MA, WT, UB, KV, S, STATE, bar):
     """The worker's :class:`Ctx` (see :mod:`.compose` for the argument groups)."""
     WT, UB, KV, S = _borrow(WT), _borrow(UB), _borrow(KV), _borrow(S)
     W, WD, NF, RP, FF = WT
-    tokens, pos, cells, cells_swa, mask, mask_swa, out_idx, ui = UB
+    tokens, pos, cells, cells_swa, mask, mask_swa, out_idx, ui, order, order_swa = UB
     KC, VC, KCs, VCs, kvi = KV
     X, XN, Q, KN, VN, ATT, G, U, RL, SEL, WTS, EO, A, AP, XP, LOG, TS, prof = S
     rowb = kvi[2]
@@ -178,8 +178,8 @@ def context(fmask, tid, nth, MA, WT, UB, KV, S, STATE, bar):
     st.n_rows = ui[0]
     return Ctx(
         fmask, tid, nth, MA[0], W, WD, NF, RP, FF, tokens, pos, out_idx, ui[0], ui[3],
-        KVPart(KC, VC, cells, mask, ui[1], ui[2], kvi[3] * rowb),
-        KVPart(KCs, VCs, cells_swa, mask_swa, ui[4], ui[5], kvi[4] * rowb),
+        KVPart(KC, VC, cells, mask, ui[1], ui[2], kvi[3] * rowb, order),
+        KVPart(KCs, VCs, cells_swa, mask_swa, ui[4], ui[5], kvi[4] * rowb, order_swa),
         kvi[0], kvi[1], rowb, X, XN, Q, KN, VN, ATT, G, U, RL, SEL, WTS, EO, A, AP, XP, LOG, TS,
         prof, bar, st,
     )  # fmt: skip
@@ -571,16 +571,16 @@ def _attention(c, kv, lbase, gqa):
     if kv.mode == MODE_SPLIT:  # decode over a long cache: one chunk of cells per thread
         attention_split_partial(
             tid, nth, kv.n_kv, M.n_head, gqa, hd, kq, c.k_type, c.v_type, c.rowb, c.Q, kv.KC,
-            kv.VC, lbase, kv.hstride, kv.mask, qv[tid], qq[tid], vbuf[tid], res[tid], pm, ps,
-            pv,
+            kv.VC, lbase, kv.hstride, kv.mask, kv.order, qv[tid], qq[tid], vbuf[tid], res[tid],
+            pm, ps, pv,
         )  # fmt: skip
         barrier(c.bar, nth)
         attention_split_merge(tid, nth, M.n_head, hd, pm, ps, pv, c.ATT, tmp[tid])
     elif kv.mode == MODE_ROWS:
         attention_rows(
             tid, nth, c.n_tok, kv.n_kv, M.n_head, gqa, hd, kq, c.k_type, c.v_type, c.rowb,
-            c.Q, kv.KC, kv.VC, lbase, kv.hstride, kv.mask, c.ATT, qv[tid], qq[tid], vbuf[tid],
-            res[tid],
+            c.Q, kv.KC, kv.VC, lbase, kv.hstride, kv.mask, kv.order, c.ATT, qv[tid], qq[tid],
+            vbuf[tid], res[tid],
         )  # fmt: skip
     else:
         attention_tiled(

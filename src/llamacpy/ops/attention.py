@@ -167,15 +167,20 @@ def prepare_query(q, qo, hd, k_type, qv, qq):
 
 @njit(cache=True)
 def attend_row(
-    qv, qq, kc, vc, ko, vo, cstride, k_type, v_type, hd, mask, mo, ic0, ic1, scale, vbuf, res
-):
+    qv, qq, kc, vc, ko, vo, cstride, k_type, v_type, hd, mask, mo, ic0, ic1, scale, vbuf, res,
+    order,
+):  # fmt: skip
     """One query row over cells ``ic0..ic1`` -> ``res[:hd]`` (unnormalized, f32) and
-    returns ``(M, S)`` (running max and sum). ``mask[mo + c]`` gates cell ``c``."""
+    returns ``(M, S)`` (running max and sum). ``mask[mo + c]`` gates cell ``c``. A
+    non-empty ``order`` visits cells ``order[ic0..ic1]`` instead (cells in position order:
+    the result then does not depend on where a sequence's cells are)."""
     m = _NEG_INF
     s_sum = _F32(0.0)
+    ordered = order.shape[0] > 0
     for i in range(0, hd, 16):
         vstore_f32(res, i, vzero_f32())
-    for c in range(ic0, ic1):
+    for j in range(ic0, ic1):
+        c = order[j] if ordered else j
         if mask[mo + c] == 0:
             continue
         kco = ko + c * cstride
@@ -440,13 +445,15 @@ def attention_rows(
     lbase,
     hstride,
     mask,
+    order,
     ATT,
     qv,
     qq,
     vbuf,
     res,
 ):
-    """One (token, head) row after the other (ubatches under 64 tokens, short decodes)."""
+    """One (token, head) row after the other (ubatches under 64 tokens, short decodes, and
+    every ubatch of a deterministic context, which passes its cells in position order)."""
     i0, i1 = split(n_tok * n_head, tid, nth)
     for i in range(i0, i1):
         t, h = i // n_head, i % n_head
@@ -469,6 +476,7 @@ def attention_rows(
             scale,
             vbuf,
             res,
+            order,
         )
         finish_row(res, hd, s, ATT[t], h * hd)
 
@@ -491,6 +499,7 @@ def attention_split_partial(
     lbase,
     hstride,
     mask,
+    order,
     qv,
     qq,
     vbuf,
@@ -523,6 +532,7 @@ def attention_split_partial(
             scale,
             vbuf,
             res,
+            order,
         )
         pm[h, tid], ps[h, tid] = m, s
         pv[h, tid, :hd] = res[:hd]

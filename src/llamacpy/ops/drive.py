@@ -39,11 +39,28 @@ def drive(k1, k4, w, off, nblk, bb, g0, g1, A, t0, t1, out, ot, add):
 @njit(cache=True, inline="always")
 def drive_acc(zero, fin, k1, k4, w, off, nblk, bb, g0, g1, A, t0, t1, out, ot, add):
     """:func:`drive` with accumulators made by ``zero()`` and finished by ``fin(acc)``."""
+    _drive(zero, fin, k1, k4, True, w, off, nblk, bb, g0, g1, A, t0, t1, out, ot, add)
+
+
+@njit(cache=True, inline="always")
+def _no_k4(w, o, A, t, b, a0, a1, a2, a3):
+    return a0, a1, a2, a3
+
+
+@njit(cache=True, inline="always")
+def drive_single(zero, fin, k1, w, off, nblk, bb, g0, g1, A, t0, t1, out, ot, add):
+    """:func:`drive_acc` one token at a time: every token gets the single-token arithmetic
+    (the batch-invariant kernel of a format whose four-token kernel sums otherwise)."""
+    _drive(zero, fin, k1, _no_k4, False, w, off, nblk, bb, g0, g1, A, t0, t1, out, ot, add)
+
+
+@njit(cache=True, inline="always")
+def _drive(zero, fin, k1, k4, four, w, off, nblk, bb, g0, g1, A, t0, t1, out, ot, add):
     ldo = out.shape[1]
     for g in range(g0, g1):
         og = off + g * nblk * bb
         t = t0
-        while t + 4 <= t1:
+        while four and t + 4 <= t1:
             a0 = a1 = a2 = a3 = zero()
             for b in range(nblk):
                 a0, a1, a2, a3 = k4(w, og + b * bb, A, t, b, a0, a1, a2, a3)

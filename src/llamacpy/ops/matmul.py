@@ -94,28 +94,36 @@ def prepare_acts(x, t0, t1, k, need, A):
 class FormatSet:
     """The weight formats a model uses; passed to compiled code, where its numba type (which
     carries the set) selects the format kernels at compile time -- a model compiles only its
-    formats, and each set is cached separately."""
+    formats, and each set is cached separately. ``invariant``: the kernels whose arithmetic
+    for a token does not depend on how many tokens one call has (each format's
+    ``matmul_invariant``; single-token numerics for every token), for deterministic contexts.
+    """
 
-    def __init__(self, types_) -> None:
+    def __init__(self, types_, invariant: bool = False) -> None:
         mask = 0
         for t in types_:
             mask |= 1 << traits.get(t).id  # a clear error for an unsupported type
         self.mask = mask
+        self.invariant = bool(invariant)
+
+    @property
+    def key(self) -> tuple[int, bool]:
+        return self.mask, self.invariant
 
     def __repr__(self) -> str:
         names = [tr.type.name for tr in traits.all_traits() if self.mask >> tr.id & 1]
-        return f"FormatSet({', '.join(names)})"
+        return f"FormatSet({', '.join(names)}{', invariant' if self.invariant else ''})"
 
 
 class FormatSetType(types.Type):
-    def __init__(self, mask: int) -> None:
-        self.mask = mask
-        super().__init__(name=f"FormatSet({mask:#x})")
+    def __init__(self, mask: int, invariant: bool = False) -> None:
+        self.mask, self.invariant = mask, invariant
+        super().__init__(name=f"FormatSet({mask:#x}{', invariant' if invariant else ''})")
 
 
 @typeof_impl.register(FormatSet)
 def _typeof_format_set(val, c):
-    return FormatSetType(val.mask)
+    return FormatSetType(val.mask, val.invariant)
 
 
 @register_model(FormatSetType)
@@ -158,18 +166,22 @@ def _chain(entries):
     return njit(inline="always")(impl)
 
 
-_CHAINS: dict[int, object] = {}
+_CHAINS: dict[tuple[int, bool], object] = {}
 
 
 @overload(matmul_sel)
 def _matmul_sel_ov(fset, w, desc, A, t0, t1, g0, g1, out, ot, add):
     if not isinstance(fset, FormatSetType):
         raise errors.TypingError("matmul_sel: the first argument must be a FormatSet")
-    m = fset.mask
-    chain = _CHAINS.get(m)
+    m, inv = fset.mask, fset.invariant
+    chain = _CHAINS.get((m, inv))
     if chain is None:
-        entries = [(tr.id, tr.matmul) for tr in traits.all_traits() if m >> tr.id & 1]
-        chain = _CHAINS[m] = _chain(entries)
+        entries = [
+            (tr.id, (tr.matmul_invariant or tr.matmul) if inv else tr.matmul)
+            for tr in traits.all_traits()
+            if m >> tr.id & 1
+        ]
+        chain = _CHAINS[m, inv] = _chain(entries)
 
     def impl(fset, w, desc, A, t0, t1, g0, g1, out, ot, add):
         chain(w, desc, A, t0, t1, g0, g1, out, ot, add)

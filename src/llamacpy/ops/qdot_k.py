@@ -40,7 +40,7 @@ from ..simd import (
     vzero_f32,
     vzero_i32,
 )
-from .drive import drive, drive_acc, drive_lanes
+from .drive import drive, drive_acc, drive_lanes, drive_single
 from .qdot_legacy import (
     IQ4NL_TABLE,
     KVALUES_IQ4NL,
@@ -604,6 +604,13 @@ def mm_q4_k(w, desc, A, t0, t1, g0, g1, out, ot, add):
 
 
 @njit(cache=True)
+def mm_q4_k_single(w, desc, A, t0, t1, g0, g1, out, ot, add):
+    """Every token as one alone (ggml's gemv numerics; see ``FormatTraits.matmul_invariant``)."""
+    nblk, z, f = desc[3] // _QK, zero_pair, fin_pair
+    drive_single(z, f, q4_k_t1, w, desc[1], nblk, _BB_Q4_K, g0, g1, A, t0, t1, out, ot, add)
+
+
+@njit(cache=True)
 def mm_q5_k(w, desc, A, t0, t1, g0, g1, out, ot, add):
     nblk = desc[3] // _QK
     drive(q5_k_t1, q5_k_t4, w, desc[1], nblk, _BB_Q5_K, g0, g1, A, t0, t1, out, ot, add)
@@ -616,8 +623,15 @@ def mm_q6_k(w, desc, A, t0, t1, g0, g1, out, ot, add):
         k1, k4 = q6_k_tiled_t1, q6_k_tiled_t4
         drive(k1, k4, w, desc[1], nblk, bb, g0, g1, A, t0, t1, out, ot, add)
     else:
-        k1, k2 = q6_k_l1, q6_k_l2
-        drive_lanes(zero, fin, k1, k2, w, desc[1], nblk, bb, g0, g1, A, t0, t1, out, ot, add)
+        mm_q6_k_vec(w, desc, A, t0, t1, g0, g1, out, ot, add)
+
+
+@njit(cache=True)
+def mm_q6_k_vec(w, desc, A, t0, t1, g0, g1, out, ot, add):
+    """Any token count as llama.cpp's ``vec_dot`` (its kernel under 8 tokens): the
+    batch-invariant Q6_K kernel (``FormatTraits.matmul_invariant``)."""
+    nblk, k1, k2 = desc[3] // _QK, q6_k_l1, q6_k_l2
+    drive_lanes(zero, fin, k1, k2, w, desc[1], nblk, _BB_Q6_K, g0, g1, A, t0, t1, out, ot, add)
 
 
 @njit(cache=True)
@@ -803,7 +817,7 @@ def iq4_xs_numpy(f: dict) -> np.ndarray:
 
 register(FormatTraits(LAYOUT_Q2_K, mm_q2_k, row_q2_k, q2_k_numpy))
 register(FormatTraits(LAYOUT_Q3_K, mm_q3_k, row_q3_k, q3_k_numpy))
-register(FormatTraits(LAYOUT_Q4_K, mm_q4_k, row_q4_k, q4_k_numpy))
+register(FormatTraits(LAYOUT_Q4_K, mm_q4_k, row_q4_k, q4_k_numpy, matmul_invariant=mm_q4_k_single))
 register(FormatTraits(LAYOUT_Q5_K, mm_q5_k, row_q5_k, q5_k_numpy))
-register(FormatTraits(LAYOUT_Q6_K, mm_q6_k, row_q6_k, q6_k_numpy))
+register(FormatTraits(LAYOUT_Q6_K, mm_q6_k, row_q6_k, q6_k_numpy, matmul_invariant=mm_q6_k_vec))
 register(FormatTraits(LAYOUT_IQ4_XS, mm_iq4_xs, row_iq4_xs, iq4_xs_numpy))

@@ -98,6 +98,10 @@ class FormatTraits:
     # the unpacked field of a per-block f16 min that ggml's dot product adds as ``m * s``
     # (``s``: the q8_1 activation block's sum), for the numpy twin of the matmul
     block_min: str | None = None
+    # a matmul kernel whose arithmetic for a token does not depend on how many tokens one
+    # call has (single-token numerics for every token), where ``matmul``'s does (it follows
+    # llama.cpp's batched kernels); what a deterministic context runs. None: ``matmul``.
+    matmul_invariant: Any = None
 
     @property
     def type(self) -> GGMLType:
