@@ -88,6 +88,45 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ignore-eos", action="store_true", help="keep generating past EOS")
 
 
+def add_grammar_args(p: argparse.ArgumentParser) -> None:
+    """llama.cpp's grammar flags: output constrained by a GBNF grammar."""
+    g = p.add_argument_group("grammar")
+    g.add_argument("--grammar", default=None, metavar="GRAMMAR",
+                   help="BNF-like grammar (GBNF) to constrain generations")  # fmt: skip
+    g.add_argument("--grammar-file", default=None, metavar="FNAME", help="file to read the grammar from")
+
+
+def _read_text(path: str, what: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise UsageError(f"could not open {what} '{path}' for reading: {e.strerror}") from e
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{what} '{path}' is not UTF-8 text: {e}") from e
+
+
+def grammar_text(args: argparse.Namespace) -> str | None:
+    """The grammar the flags give (``--grammar`` or ``--grammar-file``), or None."""
+    if args.grammar is not None and args.grammar_file is not None:
+        raise UsageError("give --grammar or --grammar-file, not both")
+    if args.grammar_file is not None:
+        return _read_text(args.grammar_file, "grammar file")
+    return args.grammar or None
+
+
+def with_grammar(chain: Any, text: str | None, tokenizer: Any) -> Any:
+    """The chain as llama.cpp's common sampler, constrained by the grammar ``text``."""
+    from ..grammar import GrammarMatcher, GrammarVocab, parse_grammar
+    from ..sampling import CommonSampler
+
+    if not text:
+        return chain
+    grammar = parse_grammar(
+        text, tokenize=lambda s: tokenizer.encode(s, add_special=False, parse_special=True)
+    )
+    return CommonSampler(chain, GrammarMatcher(grammar, GrammarVocab.from_tokenizer(tokenizer)))
+
+
 def _logit_bias(spec: str) -> tuple[int, float]:
     for i in range(1, len(spec)):
         if spec[i] in "+-" and spec[:i].strip().lstrip("-").isdigit():
@@ -214,6 +253,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.file is None and args.prompt is None:
         raise UsageError("give a prompt with -p PROMPT or -f FILE")
     prompt = _read_prompt(args)
+    grammar = grammar_text(args)
     model = load(args)  # (first: the weights are copied while the rest is imported)
     from ..api.generation import ContextOverflowError, GenerationConfig, Session
 
@@ -229,7 +269,7 @@ def _run(args: argparse.Namespace) -> int:
             f"n_ctx = {ctx.n_ctx} (at most {ctx.n_ctx - 4} prompt tokens); use a larger -c"
         )
     params = sampling_params(args, model.info.metadata)
-    chain = sampler_chain(params, tok, ctx.n_ctx)
+    chain = with_grammar(sampler_chain(params, tok, ctx.n_ctx), grammar, tok)
     if args.verbose:
         print(f"llamacpy: sampler chain: {chain!r}", file=sys.stderr)
     n_keep = args.keep
@@ -294,5 +334,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="process escapes (\\n, \\t, ...) in the prompt (default)")  # fmt: skip
     p.add_argument("--no-escape", dest="escape", action="store_false")
     add_sampling_args(p)
+    add_grammar_args(p)
     add_compat_args(p, conversation=True)
     p.set_defaults(func=_run)

@@ -17,6 +17,7 @@ from .base import Sampler, SamplingError
 from .basic import Dist, Greedy, LogitBias, Temp, TempExt
 from .candidates import TokenDataArray
 from .chain import SamplerChain, SampleResult, TokenProb, token_probabilities
+from .common import CommonSampler
 from .mirostat import AdaptiveP, Mirostat, MirostatV2
 from .params import (
     DEFAULT_DRY_SEQUENCE_BREAKERS,
@@ -46,6 +47,7 @@ __all__ = [
     "SAMPLER_CHARS",
     "XTC",
     "AdaptiveP",
+    "CommonSampler",
     "Dist",
     "Greedy",
     "LogitBias",
