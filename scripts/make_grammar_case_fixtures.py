@@ -205,4 +205,8 @@ def main(root: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "/root/oracle/llama_cpp_python-0.3.36/vendor/llama.cpp")
+    main(
+        sys.argv[1]
+        if len(sys.argv) > 1
+        else "/root/oracle/llama_cpp_python-0.3.36/vendor/llama.cpp"
+    )

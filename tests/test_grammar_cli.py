@@ -14,27 +14,6 @@ FIX = Path(__file__).parent / "fixtures" / "grammar"
 DATA = json.loads((FIX / "cli_grammar.json").read_text())
 
 
-@pytest.fixture(scope="module")
-def reuse_model():
-    """One load per model and context size for the module."""
-    from llamacpy.api import model as api_model
-
-    real = api_model.load_model
-    cache: dict = {}
-
-    def load(path, params, kv_overrides=None):
-        key = (str(path), params.n_ctx)
-        if key not in cache:
-            cache[key] = real(path, params, kv_overrides)
-        cache[key].ctx.clear()
-        return cache[key]
-
-    mp = pytest.MonkeyPatch()
-    mp.setattr(api_model, "load_model", load)
-    yield
-    mp.undo()
-
-
 def test_fixture_count():
     assert len(DATA["cases"]) == 12
     assert {c["model"] for c in DATA["cases"]} == {"smollm2-135m", "gemma3-270m"}
@@ -42,7 +21,9 @@ def test_fixture_count():
 
 @pytest.mark.parametrize("case", DATA["cases"], ids=lambda c: c["name"])
 def test_same_text_as_llama_completion(case, capsys, request, reuse_model):
-    path = request.getfixturevalue("smollm2_path" if case["model"] == "smollm2-135m" else "gemma3_path")
+    path = request.getfixturevalue(
+        "smollm2_path" if case["model"] == "smollm2-135m" else "gemma3_path"
+    )
     code = cli.main(["run", "-m", str(path), "-t", "1", "-p", case["prompt"], "-n",
                      str(DATA["n_predict"]), "-c", str(DATA["n_ctx"]), "--grammar-file",
                      str(FIX / "gbnf" / case["grammar"]), *case["flags"]])  # fmt: skip
@@ -54,9 +35,17 @@ def test_same_text_as_llama_completion(case, capsys, request, reuse_model):
 def test_grammar_errors_are_one_line(capsys, smollm2_path, tmp_path):
     code = cli.main(["run", "-m", str(smollm2_path), "-p", "x", "--grammar", 'root ::= "a" (b'])
     err = capsys.readouterr().err
-    assert code == 1 and "grammar: expecting ')' at line 1, column 16" in err and "Traceback" not in err
-    code = cli.main(["run", "-m", str(smollm2_path), "-p", "x", "--grammar-file", str(tmp_path / "no")])
+    assert (
+        code == 1
+        and "grammar: expecting ')' at line 1, column 16" in err
+        and "Traceback" not in err
+    )
+    code = cli.main(
+        ["run", "-m", str(smollm2_path), "-p", "x", "--grammar-file", str(tmp_path / "no")]
+    )
     err = capsys.readouterr().err
     assert code == 1 and "could not open grammar file" in err
-    code = cli.main(["run", "-m", str(smollm2_path), "-p", "x", "--grammar", "a", "--grammar-file", "b"])
+    code = cli.main(
+        ["run", "-m", str(smollm2_path), "-p", "x", "--grammar", "a", "--grammar-file", "b"]
+    )
     assert code == 1 and "not both" in capsys.readouterr().err

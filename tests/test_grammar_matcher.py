@@ -64,7 +64,9 @@ def _vocab(pieces, eog=()):
 
 
 def test_mask_small_vocab():
-    v = _vocab(["{", "}", '"', "a", "ab", '{"', "\xe9", b"\xc3", b"\xff", "", "</s>", " "], eog=[10])
+    v = _vocab(
+        ["{", "}", '"', "a", "ab", '{"', "\xe9", b"\xc3", b"\xff", "", "</s>", " "], eog=[10]
+    )
     m = GrammarMatcher('root ::= "{" "\\"" [a-z\\u00e9]* "\\"" "}"', v)
     assert m.mask().nonzero()[0].tolist() == [0, 5]
     m.accept(5)

@@ -36,12 +36,12 @@ def test_parser_case_count():
     [
         ('root ::= "a"\nfoo ::= [a-', "unexpected end of input", 2, 12),
         ('root ::= "a" x\n', "undefined rule 'x'", 1, 14),
-        ("root ::= (\"a\"\n  | \"b\"", "expecting ')'", 2, 8),
+        ('root ::= ("a"\n  | "b"', "expecting ')'", 2, 8),
         ('root ::= "\\q"', "unknown escape", 1, 11),
         ('root ::= "\\x4"', "expecting 2 hex chars", 1, 13),
-        ("root = \"a\"", "expecting ::=", 1, 6),
+        ('root = "a"', "expecting ::=", 1, 6),
         ('root ::= "a"{3', "expecting ','", 1, 15),
-        ('root ::= *', "expecting preceding item", 1, 10),
+        ("root ::= *", "expecting preceding item", 1, 10),
         ("root ::= <hello>", "no vocabulary", 1, 10),
         ('root ::= "a"{2001}', "number of repetitions exceeds 2000", 1, 19),
     ],
@@ -69,7 +69,9 @@ def test_left_recursion_refused(text):
 
 
 def test_not_left_recursive_when_the_prefix_cannot_be_empty():
-    parse_grammar('root ::= asdf\nasdf ::= "a" | foo "b"\nfoo ::= "c" | empty asdf "d"\nempty ::= "x"')
+    parse_grammar(
+        'root ::= asdf\nasdf ::= "a" | foo "b"\nfoo ::= "c" | empty asdf "d"\nempty ::= "x"'
+    )
 
 
 def test_missing_root_and_custom_root():
@@ -96,7 +98,9 @@ def test_hostile_grammars_are_refused_quickly():
 
 
 def test_token_constraints():
-    g = parse_grammar("root ::= <[1000]> !<[1001]> <think>", tokenize=lambda s: [7] if s == "<think>" else [1, 2])
+    g = parse_grammar(
+        "root ::= <[1000]> !<[1001]> <think>", tokenize=lambda s: [7] if s == "<think>" else [1, 2]
+    )
     assert g.rules[0] == [(8, 1000), (9, 1001), (8, 7), (0, 0)]
     with pytest.raises(GrammarError, match="not exactly one token"):
         parse_grammar("root ::= <a b>", tokenize=lambda s: [1, 2])
@@ -104,8 +108,16 @@ def test_token_constraints():
 
 def test_llama_cpp_grammar_files_parse():
     names = sorted(p.name for p in GRAMMARS.glob("*.gbnf"))
-    assert names == ["arithmetic.gbnf", "c.gbnf", "chess.gbnf", "english.gbnf", "japanese.gbnf",
-                     "json.gbnf", "json_arr.gbnf", "list.gbnf"]
+    assert names == [
+        "arithmetic.gbnf",
+        "c.gbnf",
+        "chess.gbnf",
+        "english.gbnf",
+        "japanese.gbnf",
+        "json.gbnf",
+        "json_arr.gbnf",
+        "list.gbnf",
+    ]
     for p in GRAMMARS.glob("*.gbnf"):
         g = parse_grammar(p.read_text())
         assert g.rules and g.symbols["root"] == g.root

@@ -93,7 +93,9 @@ def add_grammar_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("grammar")
     g.add_argument("--grammar", default=None, metavar="GRAMMAR",
                    help="BNF-like grammar (GBNF) to constrain generations")  # fmt: skip
-    g.add_argument("--grammar-file", default=None, metavar="FNAME", help="file to read the grammar from")
+    g.add_argument(
+        "--grammar-file", default=None, metavar="FNAME", help="file to read the grammar from"
+    )
 
 
 def _read_text(path: str, what: str) -> str:

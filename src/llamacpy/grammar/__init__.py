@@ -1,12 +1,19 @@
 """GBNF grammars as llama.cpp reads them, and a matcher that says which tokens they allow.
 
-    grammar = parse_grammar(text)                    # GrammarError names line and column
-    matcher = GrammarMatcher(grammar, vocab)         # vocab: GrammarVocab.from_tokenizer(tok)
-    matcher.allows(token); matcher.mask(); matcher.accept(token)
+grammar = parse_grammar(text)                    # GrammarError names line and column
+matcher = GrammarMatcher(grammar, vocab)         # vocab: GrammarVocab.from_tokenizer(tok)
+matcher.allows(token); matcher.mask(); matcher.accept(token)
 """
 
 from .. import kernel_cache  # noqa: F401  (first: the kernels' disk cache locator)
 from .matcher import GrammarMatcher, GrammarVocab
 from .parser import Grammar, GrammarError, parse_grammar, parse_rules
 
-__all__ = ["Grammar", "GrammarError", "GrammarMatcher", "GrammarVocab", "parse_grammar", "parse_rules"]
+__all__ = [
+    "Grammar",
+    "GrammarError",
+    "GrammarMatcher",
+    "GrammarVocab",
+    "parse_grammar",
+    "parse_rules",
+]

@@ -32,7 +32,10 @@ N_LISTS = 10
 D_STACKS, D_SETS, D_TRANS_HI = 0, 1, 2
 N_DICTS = 3
 # state flags
-F_EMPTY, F_TOKEN, F_LOOPS, F_LOOP_HI = 1, 2, 4, 8
+F_EMPTY, F_TOKEN, F_LOOPS, F_LOOP_HI, F_LOOP_R, F_UNIFORM = 1, 2, 4, 8, 16, 32
+# R: printable ASCII but '"' and backslash (code points 0-63 / 64-127), and all non-ASCII
+R_LO = np.int64(((1 << 64) - (1 << 32) - (1 << 34)) - (1 << 64))  # 0x20-0x3F less '"'
+R_HI = np.int64((1 << 63) - 1 - (1 << 28))  # 0x40-0x7E less backslash
 
 MAX_STACKS_PER_STATE = 20_000
 MAX_ADVANCE_STEPS = 2_000_000
@@ -250,7 +253,7 @@ def intern_state(et, L, D, L64, items):
             flags |= F_EMPTY
         else:
             t = et[L[S_POS][x]]
-            if t == TOKEN or t == TOKEN_NOT:
+            if t == TOKEN or t == TOKEN_NOT:  # noqa: SIM109 (numba)
                 flags |= F_TOKEN
     L[SET_FLAGS].append(flags)
     for _ in range(128):
@@ -314,7 +317,8 @@ def _uniform_hi(et, ev, pos):
 @njit(cache=True)
 def state_loops(et, ev, rs, L, D, L64, state):
     """Flags of ``state`` with its self-loops computed: L64[2 * state] / [2 * state + 1] are
-    the ASCII code points 0-63 / 64-127 that lead back to it; F_LOOP_HI: so do all others."""
+    the ASCII code points 0-63 / 64-127 that lead back to it; F_LOOP_HI: so do all others;
+    F_LOOP_R: so do all of R; F_UNIFORM: all non-ASCII code points lead to one state."""
     flags = L[SET_FLAGS][state]
     if flags & F_LOOPS:
         return flags
@@ -335,8 +339,12 @@ def state_loops(et, ev, rs, L, D, L64, state):
             if et[pos] != TOKEN and et[pos] != TOKEN_NOT and not _uniform_hi(et, ev, pos):
                 uniform = False
     flags |= F_LOOPS
+    if uniform:
+        flags |= F_UNIFORM  # every non-ASCII code point leads where 0x80 leads
     if uniform and trans(et, ev, rs, L, D, L64, state, 0x80) == state:
         flags |= F_LOOP_HI
+        if (lo & R_LO) == R_LO and (hi & R_HI) == R_HI:
+            flags |= F_LOOP_R
     L[SET_FLAGS][state] = flags
     L64[2 * state] = lo
     L64[2 * state + 1] = hi
@@ -344,23 +352,11 @@ def state_loops(et, ev, rs, L, D, L64, state):
 
 
 @njit(cache=True)
-def initial_state(et, ev, rs, L, D, L64, root):
-    """The stacks at the start (``llama_grammar_init_impl``: one per alternative of root)."""
-    acc = [np.int64(0)][:0]
-    sub = rs[root]
-    while True:
-        start = np.int64(0)
-        if not is_end(et, sub):
-            start = intern_stack(L, D, sub, 0)
-        for x in advance(et, ev, rs, L, D, start):
-            acc.append(x)
-        while not is_end(et, sub):
-            sub += 1
-        if et[sub] == ALT:
-            sub += 1
-        else:
-            break
-    return intern_state(et, L, D, L64, np.unique(np.array(acc, np.int64)))
+def initial_state(et, ev, rs, L, D, L64, start_pos):
+    """The stacks at the start (``llama_grammar_init_impl``: one per alternative of the
+    start rule), from the element at ``start_pos``: a reference to the start rule."""
+    first = advance(et, ev, rs, L, D, intern_stack(L, D, start_pos, 0))
+    return intern_state(et, L, D, L64, np.unique(np.array(first, np.int64)))
 
 
 @njit(cache=True)
@@ -398,7 +394,7 @@ def decode_utf8(data, start, end, value, n_remain, out):
 
 
 @njit(cache=True)
-def _state_has(et, L, state, pred_token):
+def state_stacks(et, L, state, pred_token):
     """Stacks of ``state`` whose top is a token constraint (or a character class)."""
     out = [np.int64(0)][:0]
     off, n = L[SET_OFF][state], L[SET_N][state]
@@ -407,18 +403,18 @@ def _state_has(et, L, state, pred_token):
         if s == 0:
             continue
         t = et[L[S_POS][s]]
-        if (t == TOKEN or t == TOKEN_NOT) == pred_token:
+        if (t == TOKEN or t == TOKEN_NOT) == pred_token:  # noqa: SIM109 (numba)
             out.append(s)
     return out
 
 
 @njit(cache=True)
-def _partial_end_ok(et, ev, L, state, value, n_remain):
+def partial_end_ok(et, ev, L, state, value, n_remain):
     """A piece fully walked into ``state``: accepted unless it ends in a partial sequence
     no character class at the top of a stack can complete."""
     if n_remain == 0:
         return state != 0
-    for s in _state_has(et, L, state, False):
+    for s in state_stacks(et, L, state, False):
         if match_partial(et, ev, L[S_POS][s], value, n_remain):
             return True
     return False
@@ -432,16 +428,16 @@ def token_allowed(et, ev, rs, L, D, L64, state, value, n_remain, data, lo, hi, t
     if n == 0:
         if r2 < 0:
             return False
-        return _partial_end_ok(et, ev, L, state, v2, r2)
+        return partial_end_ok(et, ev, L, state, v2, r2)
     cur = state
     for i in range(n):
-        for s in _state_has(et, L, cur, True):
+        for s in state_stacks(et, L, cur, True):
             if match_token(et, ev, L[S_POS][s], token):
                 return True
         cur = trans(et, ev, rs, L, D, L64, cur, buf[i])
         if cur == 0:
             return False
-    return _partial_end_ok(et, ev, L, cur, v2, r2)
+    return partial_end_ok(et, ev, L, cur, v2, r2)
 
 
 @njit(cache=True)
@@ -449,13 +445,13 @@ def accept_token(et, ev, rs, L, D, L64, state, value, n_remain, data, lo, hi, to
     """``llama_grammar_accept_token``: (new state, value, n_remain); state 0 if rejected."""
     n, v2, r2 = decode_utf8(data, lo, hi, np.int64(value), np.int64(n_remain), buf)
     acc = [np.int64(0)][:0]
-    for s in _state_has(et, L, state, True):
+    for s in state_stacks(et, L, state, True):
         if match_token(et, ev, L[S_POS][s], token):
             o, k = stack_next(et, ev, rs, L, D, s)
             for j in range(k):
                 acc.append(L[S_NEXT_POOL][o + j])
     if n == 0:
-        for s in _state_has(et, L, state, False):
+        for s in state_stacks(et, L, state, False):
             acc.append(s)
     else:
         cur = state

@@ -87,10 +87,13 @@ class GrammarMatcher:
             starts.append(len(et))
             et.extend(t for t, _ in rule)
             ev.extend(v for _, v in rule)
+        start = len(et)  # a reference to the start rule: the stacks begin by expanding it
+        et += [K.RULE_REF, K.END]
+        ev += [grammar.root, 0]
         self._g = (np.array(et, np.int64), np.array(ev, np.int64), np.array(starts, np.int64))
         self._store = K.new_store()
         self._buf = np.empty(len(vocab.data) + 1, np.int64)
-        self.start = self._call(K.initial_state, grammar.root)
+        self.start = self._call(K.initial_state, start)
         self.reset()
 
     def _call(self, fn: Any, *args: Any) -> Any:
@@ -114,7 +117,9 @@ class GrammarMatcher:
 
     def _check(self, token: int) -> None:
         if not 0 <= token < self.vocab.n_vocab:
-            raise GrammarError(f"token {token} is outside the vocabulary (0..{self.vocab.n_vocab - 1})")
+            raise GrammarError(
+                f"token {token} is outside the vocabulary (0..{self.vocab.n_vocab - 1})"
+            )
 
     def allows(self, token: int) -> bool:
         """Would the grammar keep ``token`` as the next token."""

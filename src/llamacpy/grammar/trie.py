@@ -16,18 +16,19 @@ from numba import njit
 
 from .kernels import (
     F_LOOP_HI,
+    F_LOOP_R,
     F_TOKEN,
+    F_UNIFORM,
+    R_HI,
+    R_LO,
     S_POS,
     SET_FLAGS,
-    SET_N,
-    SET_OFF,
-    SET_POOL,
     TOKEN,
-    TOKEN_NOT,
     decode_utf8,
-    match_partial,
     match_token,
+    partial_end_ok,
     state_loops,
+    state_stacks,
     trans,
 )
 
@@ -126,7 +127,36 @@ def _finish_trie(nn, cp, pval, prem, parent, term_lo, term_hi, first, n_tok):
         sub_lo[p] |= sub_lo[n]
         sub_hi[p] |= sub_hi[n]
         sub_flags[p] |= sub_flags[n]
-    return cp, pval, prem, end, term_lo, term_hi, hi, sub_lo, sub_hi, sub_flags
+    run_end, run_hi, hi_end = _clean_runs(nn, cp, parent, end, hi, sub_lo, sub_hi, sub_flags)
+    return (cp, pval, prem, end, term_lo, term_hi, hi, sub_lo, sub_hi, sub_flags, run_end, run_hi,
+            hi_end)  # fmt: skip
+
+
+@njit(cache=True)
+def _clean_runs(nn, cp, parent, end, hi, sub_lo, sub_hi, sub_flags):
+    """Runs of siblings whose code points, their own and below, are all in ``R`` (printable
+    ASCII but ``"`` and backslash, and all non-ASCII: what a JSON string or ``.`` takes):
+    ``run_end[c]`` is the node after the run starting at ``c`` and ``run_hi[c]`` the end of
+    its tokens; -1 where ``c`` is not clean. A state that loops on all of ``R`` allows a
+    whole run at once. ``hi_end[c]``: the node after the non-ASCII siblings from ``c`` on
+    (skipped at once by a state no non-ASCII code point continues)."""
+    run_end = np.full(nn, -1, np.int64)
+    run_hi = np.full(nn, -1, np.int64)
+    hi_end = np.full(nn, -1, np.int64)
+    for n in range(nn - 1, 0, -1):
+        c = cp[n]
+        if c >= 128:
+            nxt = end[n]
+            hi_end[n] = hi_end[nxt] if nxt < end[parent[n]] and cp[nxt] >= 128 else nxt
+        own = c >= 128 or (c >= 64 and (R_HI >> (c - 64)) & 1) or (0 <= c < 64 and (R_LO >> c) & 1)
+        if not own or (sub_flags[n] & 2) or (sub_lo[n] & ~R_LO) or (sub_hi[n] & ~R_HI):
+            continue
+        nxt = end[n]
+        if nxt < end[parent[n]] and run_end[nxt] >= 0:
+            run_end[n], run_hi[n] = run_end[nxt], run_hi[nxt]
+        else:
+            run_end[n], run_hi[n] = end[n], hi[n]
+    return run_end, run_hi, hi_end
 
 
 @njit(cache=True)
@@ -139,33 +169,16 @@ def _allow(out, sorted_ids, lo, hi):
 def _token_tops(et, ev, L, state, out, sorted_ids, where, lo, hi):
     """Stacks topped by a token constraint decide tokens that still have code points left
     on the token id alone (llama.cpp's ``reject_candidates_for_stack``)."""
-    off, n = L[SET_OFF][state], L[SET_N][state]
-    for i in range(n):
-        s = L[SET_POOL][off + i]
-        if s == 0:
-            continue
+    for s in state_stacks(et, L, state, True):
         pos = L[S_POS][s]
         if et[pos] == TOKEN:
             w = where[ev[pos]] if 0 <= ev[pos] < len(where) else -1
             if lo <= w < hi:
                 out[ev[pos]] = True
-        elif et[pos] == TOKEN_NOT:
+        else:
             for j in range(lo, hi):
                 if match_token(et, ev, pos, sorted_ids[j]):
                     out[sorted_ids[j]] = True
-
-
-@njit(cache=True)
-def _partial_ok(et, ev, L, state, value, n_remain):
-    off, n = L[SET_OFF][state], L[SET_N][state]
-    for i in range(n):
-        s = L[SET_POOL][off + i]
-        if s == 0:
-            continue
-        pos = L[S_POS][s]
-        if et[pos] != TOKEN and et[pos] != TOKEN_NOT and match_partial(et, ev, pos, value, n_remain):
-            return True
-    return False
 
 
 @njit(cache=True)
@@ -182,7 +195,8 @@ def _loops_over(et, ev, rs, L, D, L64, state, sub_lo, sub_hi, sub_flags, n):
 @njit(cache=True)
 def mask_walk(et, ev, rs, L, D, L64, state, trie, sorted_ids, where, out):
     """Set ``out[token]`` for every trie token the grammar state allows."""
-    cp, pval, prem, end, term_lo, term_hi, hi, sub_lo, sub_hi, sub_flags = trie
+    cp, pval, prem, end, term_lo, term_hi, hi, sub_lo, sub_hi, sub_flags = trie[:10]
+    run_end, run_hi, hi_end = trie[10:]
     todo_n = [np.int64(0)]
     todo_s = [np.int64(state)]
     while len(todo_n) > 0:
@@ -197,13 +211,26 @@ def mask_walk(et, ev, rs, L, D, L64, state, trie, sorted_ids, where, out):
         ):
             _allow(out, sorted_ids, term_hi[n], hi[n])
             continue
+        loop_r, s_hi = False, np.int64(-1)
+        if not (flags & F_TOKEN) and hi[n] - term_hi[n] >= SKIP_MIN_TOKENS:
+            flags = state_loops(et, ev, rs, L, D, L64, s)
+            loop_r = (flags & F_LOOP_R) != 0
+            if flags & F_UNIFORM:
+                s_hi = trans(et, ev, rs, L, D, L64, s, 0x80)
         c = n + 1
         while c < end[n]:
+            if loop_r and run_end[c] >= 0:
+                _allow(out, sorted_ids, term_lo[c], run_hi[c])
+                c = run_end[c]
+                continue
+            if s_hi == 0 and cp[c] >= 128:
+                c = hi_end[c]
+                continue
             if cp[c] < 0:
-                if _partial_ok(et, ev, L, s, pval[c], prem[c]):
+                if partial_end_ok(et, ev, L, s, pval[c], prem[c]):
                     _allow(out, sorted_ids, term_lo[c], term_hi[c])
             else:
-                s2 = trans(et, ev, rs, L, D, L64, s, cp[c])
+                s2 = s_hi if s_hi >= 0 and cp[c] >= 128 else trans(et, ev, rs, L, D, L64, s, cp[c])
                 if s2 != 0:
                     todo_n.append(c)
                     todo_s.append(s2)
