@@ -49,3 +49,18 @@ def test_grammar_errors_are_one_line(capsys, smollm2_path, tmp_path):
         ["run", "-m", str(smollm2_path), "-p", "x", "--grammar", "a", "--grammar-file", "b"]
     )
     assert code == 1 and "not both" in capsys.readouterr().err
+
+
+def test_grammar_is_checked_before_the_model_loads(capsys, tmp_path, monkeypatch):
+    from llamacpy.cli import run
+
+    def no_load(args):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(run, "load", no_load)
+    missing = str(tmp_path / "missing.gguf")
+    for grammar, where in (('root ::= "a" (b', "line 1, column 16"),
+                           ('root ::= x\nx ::= "a" | y', "undefined rule 'y' at line 2, column 13")):  # fmt: skip
+        code = cli.main(["run", "-m", missing, "-p", "x", "--grammar", grammar])
+        err = capsys.readouterr().err
+        assert code == 1 and where in err and len(err.strip().splitlines()) == 1, err

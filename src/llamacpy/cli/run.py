@@ -108,12 +108,19 @@ def _read_text(path: str, what: str) -> str:
 
 
 def grammar_text(args: argparse.Namespace) -> str | None:
-    """The grammar the flags give (``--grammar`` or ``--grammar-file``), or None."""
+    """The grammar the flags give (``--grammar`` or ``--grammar-file``), or None; checked
+    here, before any model loads (``<piece>`` token constraints are resolved later, against
+    the model's vocabulary)."""
     if args.grammar is not None and args.grammar_file is not None:
         raise UsageError("give --grammar or --grammar-file, not both")
+    text = args.grammar or None
     if args.grammar_file is not None:
-        return _read_text(args.grammar_file, "grammar file")
-    return args.grammar or None
+        text = _read_text(args.grammar_file, "grammar file")
+    if text:
+        from ..grammar import parse_grammar
+
+        parse_grammar(text, tokenize=lambda piece: [0])
+    return text
 
 
 def with_grammar(chain: Any, text: str | None, tokenizer: Any) -> Any:

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .chain import SamplerChain
+from .chain import SamplerChain, SampleResult
 
 
 class CommonSampler:
@@ -43,6 +43,13 @@ class CommonSampler:
         if accept:
             self.accept_generated(token)
         return token
+
+    def sample_with_probs(
+        self, logits: np.ndarray, n_probs: int, *, accept: bool = True
+    ) -> SampleResult:
+        """:meth:`sample` (grammar included) with the top ``n_probs`` post-chain
+        probabilities of the step that chose the token (the masked one after a rejection)."""
+        return self.chain.sample_result(self.sample(logits, accept=accept), n_probs)
 
     def accept_generated(self, token: int) -> None:
         """A sampled token: the grammar advances, then the chain."""
