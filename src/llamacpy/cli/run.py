@@ -89,13 +89,17 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_grammar_args(p: argparse.ArgumentParser) -> None:
-    """llama.cpp's grammar flags: output constrained by a GBNF grammar."""
+    """llama.cpp's grammar flags: output constrained by a GBNF grammar or a JSON schema."""
     g = p.add_argument_group("grammar")
     g.add_argument("--grammar", default=None, metavar="GRAMMAR",
                    help="BNF-like grammar (GBNF) to constrain generations")  # fmt: skip
     g.add_argument(
         "--grammar-file", default=None, metavar="FNAME", help="file to read the grammar from"
     )
+    g.add_argument("-j", "--json-schema", default=None, metavar="SCHEMA",
+                   help='JSON schema to constrain generations, e.g. \'{"type": "object"}\'')  # fmt: skip
+    g.add_argument("-jf", "--json-schema-file", default=None, metavar="FILE",
+                   help="file containing a JSON schema to constrain generations")  # fmt: skip
 
 
 def _read_text(path: str, what: str) -> str:
@@ -107,15 +111,36 @@ def _read_text(path: str, what: str) -> str:
         raise UsageError(f"{what} '{path}' is not UTF-8 text: {e}") from e
 
 
+def _schema_grammar(schema: str) -> str:
+    """The schema's grammar; a part it cannot express is a warning line on stderr."""
+    import warnings
+
+    from ..grammar import JsonSchemaWarning, json_schema_to_grammar
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", JsonSchemaWarning)
+        text = json_schema_to_grammar(schema)
+    for w in caught:
+        print(f"llamacpy: warning: {w.message}", file=sys.stderr)
+    return text
+
+
 def grammar_text(args: argparse.Namespace) -> str | None:
-    """The grammar the flags give (``--grammar`` or ``--grammar-file``), or None; checked
-    here, before any model loads (``<piece>`` token constraints are resolved later, against
-    the model's vocabulary)."""
-    if args.grammar is not None and args.grammar_file is not None:
-        raise UsageError("give --grammar or --grammar-file, not both")
+    """The grammar the flags give (``--grammar``, ``--grammar-file``, ``-j`` or ``-jf``),
+    or None; checked here, before any model loads (``<piece>`` token constraints are
+    resolved later, against the model's vocabulary)."""
+    given = [f for f, v in (("--grammar", args.grammar), ("--grammar-file", args.grammar_file),
+                            ("--json-schema", args.json_schema),
+                            ("--json-schema-file", args.json_schema_file)) if v is not None]  # fmt: skip
+    if len(given) > 1:
+        raise UsageError(f"give one of {', '.join(given)}, not several")
     text = args.grammar or None
     if args.grammar_file is not None:
         text = _read_text(args.grammar_file, "grammar file")
+    elif args.json_schema is not None:
+        text = _schema_grammar(args.json_schema)
+    elif args.json_schema_file is not None:
+        text = _schema_grammar(_read_text(args.json_schema_file, "JSON schema file"))
     if text:
         from ..grammar import parse_grammar
 
