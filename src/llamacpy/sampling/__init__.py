@@ -18,6 +18,7 @@ from .basic import Dist, Greedy, LogitBias, Temp, TempExt
 from .candidates import TokenDataArray
 from .chain import SamplerChain, SampleResult, TokenProb, token_probabilities
 from .common import CommonSampler
+from .grammar import GrammarSampler
 from .mirostat import AdaptiveP, Mirostat, MirostatV2
 from .params import (
     DEFAULT_DRY_SEQUENCE_BREAKERS,
@@ -49,6 +50,7 @@ __all__ = [
     "AdaptiveP",
     "CommonSampler",
     "Dist",
+    "GrammarSampler",
     "Greedy",
     "LogitBias",
     "MinP",
