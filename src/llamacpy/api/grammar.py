@@ -89,11 +89,16 @@ def response_format_schema(response_format: Any, json_schema: Any = None) -> Any
     return json_schema
 
 
-def grammar_sampler(grammar: LlamaGrammar | str, tokenizer: Any) -> GrammarSampler:
-    """A chain sampler for ``grammar`` (a :class:`LlamaGrammar` or GBNF text) over the
-    tokenizer's vocabulary (built once per tokenizer)."""
+def grammar_matcher(grammar: LlamaGrammar | str, tokenizer: Any) -> GrammarMatcher:
+    """A fresh matcher for ``grammar`` (a :class:`LlamaGrammar` or GBNF text) over the
+    tokenizer's vocabulary (built once per tokenizer); ``<piece>`` tokens resolved."""
     text = grammar._grammar if isinstance(grammar, LlamaGrammar) else grammar
     parsed = parse_grammar(
         text, tokenize=lambda s: tokenizer.encode(s, add_special=False, parse_special=True)
     )
-    return GrammarSampler(GrammarMatcher(parsed, GrammarVocab.from_tokenizer(tokenizer)))
+    return GrammarMatcher(parsed, GrammarVocab.from_tokenizer(tokenizer))
+
+
+def grammar_sampler(grammar: LlamaGrammar | str, tokenizer: Any) -> GrammarSampler:
+    """A chain sampler for ``grammar`` (llama-cpp-python's place for it)."""
+    return GrammarSampler(grammar_matcher(grammar, tokenizer))
