@@ -333,8 +333,8 @@ def test_grammar_hook_takes_a_sampler(fresh):
 
     res = fresh("The capital of France is", max_tokens=1, temperature=0.0, grammar=OnlyLondon())
     assert res["choices"][0]["text"] == " London"
-    with pytest.raises(NotSupportedError, match="GBNF"):
-        fresh("x", max_tokens=1, grammar='root ::= "a"')
+    with pytest.raises(UsageError, match="grammar must be a LlamaGrammar or a Sampler"):
+        fresh("x", max_tokens=1, grammar=42)
 
 
 def test_kv_overrides_reach_the_tokenizer(smollm2_path):

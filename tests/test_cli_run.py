@@ -21,28 +21,6 @@ def main():
     return cli.main
 
 
-@pytest.fixture(scope="module")
-def reuse_model():
-    """Load the model once for the module: later loads with the same context size reuse it
-    (the first load still goes through the real path)."""
-    from llamacpy.api import model as api_model
-
-    real = api_model.load_model
-    cache: dict = {}
-
-    def load(path, params, kv_overrides=None):
-        key = (str(path), params.n_ctx)
-        if key not in cache:
-            cache[key] = real(path, params, kv_overrides)
-        cache[key].ctx.clear()
-        return cache[key]
-
-    mp = pytest.MonkeyPatch()
-    mp.setattr(api_model, "load_model", load)
-    yield
-    mp.undo()
-
-
 def run(main, capsys, path, *args):
     code = main(["run", "-m", str(path), "-t", "1", *args])
     out, err = capsys.readouterr()

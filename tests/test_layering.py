@@ -23,6 +23,7 @@ LAYERS = {
     "ops": 2,
     "tokenizer": 2,
     "sampling": 2,
+    "grammar": 2,
     "models": 3,
     "engine": 4,
     "api": 5,

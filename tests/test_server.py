@@ -344,7 +344,12 @@ BAD = [
         None,
     ),
     ("n > 1", json.dumps({"prompt": "x", "n": 2}).encode(), 400, None),
-    ("grammar", json.dumps({"prompt": "x", "grammar": "root ::= x"}).encode(), 400, None),
+    (
+        "undefined grammar rule",
+        json.dumps({"prompt": "x", "grammar": "root ::= x"}).encode(),
+        400,
+        None,
+    ),
     ("bad sampler", json.dumps({"prompt": "x", "samplers": ["nope"]}).encode(), 400, None),
     ("n_probs too big", json.dumps({"prompt": "x", "n_probs": 10**6}).encode(), 400, None),
     ("bad id_slot", json.dumps({"prompt": "x", "id_slot": 99}).encode(), 400, None),
@@ -386,7 +391,7 @@ def test_huge_n_predict_is_capped_by_the_context(server):
 def test_bad_chat_requests(server):
     for body in ({"messages": []}, {"messages": "hi"}, {"messages": [{"content": "x"}]},
                  {"messages": [{"role": "user", "content": "x"}], "response_format":
-                  {"type": "json_object"}},
+                  {"type": "xml"}},
                  {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}):  # fmt: skip
         r = server.http.post("/v1/chat/completions", json=body)
         assert r.status_code == 400, (body, r.text)

@@ -10,13 +10,13 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["Llama", "__version__"]
+__all__ = ["Llama", "LlamaGrammar", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
     # imported on first use: `import llamacpy` stays cheap for the tools that don't need numba
-    if name == "Llama":
-        from .api import Llama
+    if name in ("Llama", "LlamaGrammar"):
+        from . import api
 
-        return Llama
+        return getattr(api, name)
     raise AttributeError(f"module 'llamacpy' has no attribute {name!r}")

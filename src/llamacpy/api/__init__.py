@@ -23,6 +23,7 @@ _NAMES = {
     "StopMatcher": "generation",
     "Timings": "generation",
     "Llama": "llama",
+    "LlamaGrammar": "grammar",
     "LogitsProcessorList": "llama",
     "StoppingCriteriaList": "llama",
     "llama_cpp_sampler": "llama",
@@ -37,6 +38,7 @@ __all__ = [
     "Generation",
     "GenerationConfig",
     "Llama",
+    "LlamaGrammar",
     "LlamaState",
     "LoadedModel",
     "LogitsProcessorList",
@@ -66,6 +68,7 @@ if TYPE_CHECKING:
         StopMatcher,
         Timings,
     )
+    from .grammar import LlamaGrammar
     from .llama import Llama, LogitsProcessorList, StoppingCriteriaList, llama_cpp_sampler
     from .model import LoadedModel, ModelInfo, load_model
     from .state import LlamaState

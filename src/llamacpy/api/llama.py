@@ -45,6 +45,7 @@ from .generation import (
     NotSupportedError,
     Session,
 )
+from .grammar import LlamaGrammar, grammar_sampler, response_format_schema
 from .model import LoadedModel, ModelInfo, load_model, metadata_strings
 from .state import LlamaState, load_session, save_session
 
@@ -98,9 +99,8 @@ def llama_cpp_sampler(
     chain.add(Penalties(penalty_last_n, repeat_penalty, frequency_penalty, presence_penalty))
     if grammar is not None:
         if not isinstance(grammar, Sampler):
-            raise NotSupportedError(
-                "GBNF grammars are not supported yet; pass a llamacpy.sampling.Sampler that "
-                "constrains the candidates instead"
+            raise UsageError(
+                f"grammar must be a LlamaGrammar or a Sampler, not {type(grammar).__name__}"
             )
         chain.add(grammar)
     if temp < 0.0:
@@ -300,6 +300,8 @@ class Llama:
 
     # ------------------------------------------------------------------ completion
     def _sampler(self, seed: int | None, grammar: Any, **kw: Any) -> SamplerChain:
+        if isinstance(grammar, (LlamaGrammar, str)):  # a fresh grammar state for each call
+            grammar = grammar_sampler(grammar, self._tokenizer)
         # llama-cpp-python: an explicit seed, else one drawn from the previous seed
         self._seed = seed if seed is not None else random.Random(self._seed).randint(0, 2**32)
         return llama_cpp_sampler(
@@ -504,8 +506,11 @@ class Llama:
                                      tool_choice=tool_choice, stop=stop,
                                      response_format=response_format, logprobs=logprobs,
                                      top_logprobs=top_logprobs, **kw)  # fmt: skip
-        if (response_format or {}).get("type") == "json_object" or isinstance(tool_choice, dict):
-            raise NotSupportedError("JSON mode and forced tool calls need grammars (not yet)")
+        if isinstance(tool_choice, dict):
+            raise NotSupportedError("forced tool calls are not supported yet")
+        schema = response_format_schema(response_format)
+        if schema is not None:  # as llama-cpp-python: the response format wins over grammar
+            kw["grammar"] = LlamaGrammar.from_json_schema(schema, verbose=self.verbose)
         if functions is not None and tools is None:
             tools = [{"type": "function", "function": f} for f in functions]
         chat = format_chat(self.chat_format, self._tokenizer, messages, tools)

@@ -26,6 +26,7 @@ from ..engine import ContextParams
 from ..engine.scheduler import QueueFullError, Request, Scheduler, SchedulerClosedError
 from ..errors import UsageError
 from ..sampling import (
+    CommonSampler,
     SamplingParams,
     apply_model_defaults,
     build_sampler_chain,
@@ -56,7 +57,8 @@ class CompletionOptions:
     ``"native"`` (llama-server's ``completion_probabilities``, ``n_probs`` alternatives,
     post-sampling probabilities with ``post_sampling_probs``) or ``"openai"`` (OpenAI's
     ``logprobs`` block; ``echo_logprobs`` adds the prompt tokens). ``timeout``: seconds
-    after which the generation stops with ``length``.
+    after which the generation stops with ``length``. ``grammar``: output constrained as
+    llama-server's common sampler does it (check the chosen token, mask only on a rejection).
     """
 
     n_predict: int = -1
@@ -69,6 +71,7 @@ class CompletionOptions:
     cache_prompt: bool = True
     id_slot: int = -1
     timeout: float | None = None
+    grammar: Any = None  # a fresh GrammarMatcher (see ServingModel.grammar_matcher)
 
 
 @dataclass
@@ -127,6 +130,8 @@ class CompletionHandler:
         self.opts = opts
         self.emit = emit
         self.chain = model.sampler_chain(sampling)
+        if opts.grammar is not None:
+            self.chain = CommonSampler(self.chain, opts.grammar)
         for t in prompt:  # llama-server feeds the prompt to the penalties (and DRY)
             self.chain.accept(t)
         self.ignore_eos = sampling.ignore_eos
@@ -378,6 +383,14 @@ class ServingModel:
             breakers = self._breakers[key]
         return build_sampler_chain(params, tok.n_vocab, n_ctx=self.n_ctx_slot,
                                    dry_seq_breakers=breakers, eog_tokens=tok.eog)  # fmt: skip
+
+    def grammar_matcher(self, text: str) -> Any:
+        """A matcher for a request's GBNF (:class:`~llamacpy.grammar.GrammarError` if it
+        does not parse against this vocabulary); the first call builds the vocabulary's
+        trie (0.3-2 s), so call it off the event loop."""
+        from .grammar import grammar_matcher
+
+        return grammar_matcher(text, self.tokenizer)
 
     # ------------------------------------------------------------------ requests
     def submit(

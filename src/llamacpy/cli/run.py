@@ -83,6 +83,79 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ignore-eos", action="store_true", help="keep generating past EOS")
 
 
+def add_grammar_args(p: argparse.ArgumentParser) -> None:
+    """llama.cpp's grammar flags: output constrained by a GBNF grammar or a JSON schema."""
+    g = p.add_argument_group("grammar")
+    g.add_argument("--grammar", default=None, metavar="GRAMMAR",
+                   help="BNF-like grammar (GBNF) to constrain generations")  # fmt: skip
+    g.add_argument(
+        "--grammar-file", default=None, metavar="FNAME", help="file to read the grammar from"
+    )
+    g.add_argument("-j", "--json-schema", default=None, metavar="SCHEMA",
+                   help='JSON schema to constrain generations, e.g. \'{"type": "object"}\'')  # fmt: skip
+    g.add_argument("-jf", "--json-schema-file", default=None, metavar="FILE",
+                   help="file containing a JSON schema to constrain generations")  # fmt: skip
+
+
+def _read_text(path: str, what: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise UsageError(f"could not open {what} '{path}' for reading: {e.strerror}") from e
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{what} '{path}' is not UTF-8 text: {e}") from e
+
+
+def _schema_grammar(schema: str) -> str:
+    """The schema's grammar; a part it cannot express is a warning line on stderr."""
+    import warnings
+
+    from ..grammar import JsonSchemaWarning, json_schema_to_grammar
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", JsonSchemaWarning)
+        text = json_schema_to_grammar(schema)
+    for w in caught:
+        print(f"llamacpy: warning: {w.message}", file=sys.stderr)
+    return text
+
+
+def grammar_text(args: argparse.Namespace) -> str | None:
+    """The grammar the flags give (``--grammar``, ``--grammar-file``, ``-j`` or ``-jf``),
+    or None; checked here, before any model loads (``<piece>`` token constraints are
+    resolved later, against the model's vocabulary)."""
+    given = [f for f, v in (("--grammar", args.grammar), ("--grammar-file", args.grammar_file),
+                            ("--json-schema", args.json_schema),
+                            ("--json-schema-file", args.json_schema_file)) if v is not None]  # fmt: skip
+    if len(given) > 1:
+        raise UsageError(f"give one of {', '.join(given)}, not several")
+    text = args.grammar or None
+    if args.grammar_file is not None:
+        text = _read_text(args.grammar_file, "grammar file")
+    elif args.json_schema is not None:
+        text = _schema_grammar(args.json_schema)
+    elif args.json_schema_file is not None:
+        text = _schema_grammar(_read_text(args.json_schema_file, "JSON schema file"))
+    if text:
+        from ..grammar import parse_grammar
+
+        parse_grammar(text, tokenize=lambda piece: [0])
+    return text
+
+
+def with_grammar(chain: Any, text: str | None, tokenizer: Any) -> Any:
+    """The chain as llama.cpp's common sampler, constrained by the grammar ``text``."""
+    from ..grammar import GrammarMatcher, GrammarVocab, parse_grammar
+    from ..sampling import CommonSampler
+
+    if not text:
+        return chain
+    grammar = parse_grammar(
+        text, tokenize=lambda s: tokenizer.encode(s, add_special=False, parse_special=True)
+    )
+    return CommonSampler(chain, GrammarMatcher(grammar, GrammarVocab.from_tokenizer(tokenizer)))
+
+
 def _logit_bias(spec: str) -> tuple[int, float]:
     for i in range(1, len(spec)):
         if spec[i] in "+-" and spec[:i].strip().lstrip("-").isdigit():
@@ -210,6 +283,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.file is None and args.prompt is None:
         raise UsageError("give a prompt with -p PROMPT or -f FILE")
     prompt = _read_prompt(args)
+    grammar = grammar_text(args)
     model = load(args)  # (first: the weights are copied while the rest is imported)
     from ..api.generation import ContextOverflowError, GenerationConfig, Session
 
@@ -225,7 +299,7 @@ def _run(args: argparse.Namespace) -> int:
             f"n_ctx = {ctx.n_ctx} (at most {ctx.n_ctx - 4} prompt tokens); use a larger -c"
         )
     params = sampling_params(args, model.info.metadata)
-    chain = sampler_chain(params, tok, ctx.n_ctx)
+    chain = with_grammar(sampler_chain(params, tok, ctx.n_ctx), grammar, tok)
     if args.verbose:
         print(f"llamacpy: sampler chain: {chain!r}", file=sys.stderr)
     n_keep = args.keep
@@ -290,5 +364,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="process escapes (\\n, \\t, ...) in the prompt (default)")  # fmt: skip
     p.add_argument("--no-escape", dest="escape", action="store_false")
     add_sampling_args(p)
+    add_grammar_args(p)
     add_compat_args(p, conversation=True)
     p.set_defaults(func=_run)

@@ -17,6 +17,8 @@ from .base import Sampler, SamplingError
 from .basic import Dist, Greedy, LogitBias, Temp, TempExt
 from .candidates import TokenDataArray
 from .chain import SamplerChain, SampleResult, TokenProb, token_probabilities
+from .common import CommonSampler
+from .grammar import GrammarSampler
 from .mirostat import AdaptiveP, Mirostat, MirostatV2
 from .params import (
     DEFAULT_DRY_SEQUENCE_BREAKERS,
@@ -46,7 +48,9 @@ __all__ = [
     "SAMPLER_CHARS",
     "XTC",
     "AdaptiveP",
+    "CommonSampler",
     "Dist",
+    "GrammarSampler",
     "Greedy",
     "LogitBias",
     "MinP",

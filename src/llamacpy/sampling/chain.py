@@ -120,7 +120,11 @@ class SamplerChain(Sampler):
         self, logits: np.ndarray, n_probs: int, *, accept: bool = True
     ) -> SampleResult:
         """Sample a token and report the top ``n_probs`` post-chain probabilities."""
-        token = self.sample(logits, accept=accept)
+        return self.sample_result(self.sample(logits, accept=accept), n_probs)
+
+    def sample_result(self, token: int, n_probs: int) -> SampleResult:
+        """``token`` (the last one sampled), its post-chain probability and the top
+        ``n_probs`` candidates of the last step."""
         top = self.probs(n_probs)
         cur = self.cur
         assert cur is not None

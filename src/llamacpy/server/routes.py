@@ -233,6 +233,7 @@ async def _completion(request: Request, kind: str) -> Response:
     tokens, text = await run_in_threadpool(_prepare, m, creq)
     try:
         sampling = m.sampling_params({**creq.sampling, "n_probs": creq.n_probs})
+        grammar = await run_in_threadpool(m.grammar_matcher, creq.grammar) if creq.grammar else None
     except LlamacpyError as e:
         raise bad_request(str(e)) from None
     n_predict = creq.n_predict if creq.n_predict >= 0 else st.config.n_predict
@@ -244,7 +245,7 @@ async def _completion(request: Request, kind: str) -> Response:
         post_sampling_probs=creq.post_sampling_probs,
         echo_logprobs=creq.echo and creq.logprobs is not None,
         text_offset=len(text) if kind == "completion" else 0, cache_prompt=creq.cache_prompt,
-        id_slot=creq.id_slot, timeout=timeout,
+        id_slot=creq.id_slot, timeout=timeout, grammar=grammar,
     )  # fmt: skip
     shaper = Shaper(
         kind, creq.model or st.model_name, prompt_text=text, echo=creq.echo,

@@ -205,6 +205,7 @@ class CompletionRequest:
     return_tokens: bool = False
     model: str | None = None
     timeout: float | None = None
+    grammar: str | None = None  # GBNF (from grammar, json_schema or response_format)
 
 
 def _stop(f: Fields) -> list[str]:
@@ -287,16 +288,41 @@ def _unsupported(f: Fields, kind: str) -> None:
         raise APIError(400, "best_of > 1 is not supported")
     if f.raw("suffix"):
         raise APIError(400, "'suffix' (fill-in-the-middle) is not supported")
-    if f.raw("grammar") or f.raw("json_schema"):
-        raise APIError(400, "grammars and JSON schemas are not supported")
-    rf = f.obj("response_format")
-    if rf is not None and rf.get("type", "text") != "text":
-        raise APIError(400, f"response_format {rf.get('type')!r} is not supported (only 'text')")
     tc = f.raw("tool_choice")
     if tc is not None and tc not in ("auto", "none"):
         raise APIError(400, "only tool_choice 'auto' and 'none' are supported")
     if kind != "chat" and f.has("messages"):
         raise bad_request("'messages' belongs to /v1/chat/completions; use 'prompt' here")
+
+
+def _grammar(f: Fields, kind: str) -> str | None:
+    """The GBNF a request asks for, checked (a 400 with line and column, or the JSON path).
+
+    As llama-server: ``/completion`` takes ``json_schema`` unless ``grammar`` is given; the
+    OpenAI routes refuse both together and read ``response_format`` (``json_object`` with
+    or without ``schema``, ``json_schema`` with or without ``strict``); an empty schema is
+    any JSON object."""
+    from ..api.grammar import response_format_schema, schema_grammar
+    from ..errors import UsageError
+    from ..grammar import parse_grammar
+    from ..grammar.parser import MAX_GRAMMAR_CHARS
+
+    grammar = f.str("grammar", None, MAX_GRAMMAR_CHARS) or None
+    schema = f.raw("json_schema")
+    try:
+        if kind == "native":
+            schema = None if "grammar" in f.data else schema
+        else:
+            if schema is not None and grammar:
+                raise bad_request("Cannot use both json_schema and grammar")
+            schema = response_format_schema(f.raw("response_format"), schema)
+        if schema is not None:
+            grammar = schema_grammar(schema, warn=False)
+        if grammar:
+            parse_grammar(grammar, tokenize=lambda piece: [0])
+    except UsageError as e:
+        raise bad_request(f'"json_schema": {e}' if schema is not None else str(e)) from None
+    return grammar
 
 
 def parse_completion(data: dict[str, Any], kind: str, n_vocab: int) -> CompletionRequest:
@@ -305,6 +331,7 @@ def parse_completion(data: dict[str, Any], kind: str, n_vocab: int) -> Completio
     _unsupported(f, kind)
     r = CompletionRequest(kind=kind)
     r.model = f.str("model", None, 1000)
+    r.grammar = _grammar(f, kind)
     r.sampling = _sampling(f, n_vocab)
     r.stop = _stop(f)
     r.stream = f.bool("stream", False)

@@ -1,0 +1,151 @@
+"""Grammar mask speed: ms per full-vocabulary mask for llama.cpp's json.gbnf, llamacpy vs
+llama.cpp, on SmolLM2-135M's 49152-token and Gemma-3-270M's 262144-token vocabularies.
+
+    .venv/bin/python benchmarks/bench_grammar.py [--repeat 2]
+
+A JSON document (nested objects, arrays, strings with escapes and non-ASCII, numbers) is
+tokenized with the model's tokenizer; at every token position the grammar state after the
+tokens before it is masked over the whole vocabulary, then the token is accepted.
+
+* ours: ``GrammarMatcher.mask()``; pass 1 on a fresh matcher (every state met for the first
+  time: its transitions are computed during the mask), later passes on the same matcher
+  with a reset state (transitions memoized, as in a long generation). Also the one-token
+  check (``allows``, the common sampler's fast path) and ``accept``.
+* llama.cpp: ``llama_sampler_apply`` of its grammar sampler on all tokens of the vocabulary
+  (the call the common sampler makes when a sampled token is rejected), then
+  ``llama_sampler_accept``, in the llama-cpp-python oracle (``LLAMACPY_ORACLE_PY``, default
+  /root/oracle/py) in a subprocess; without it only our numbers are printed.
+
+Median and p99 over the positions. The vocabulary trie's build time is reported apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+
+from llamacpy.grammar import GrammarMatcher, GrammarVocab, parse_grammar
+from llamacpy.registry import ModelRegistry
+from llamacpy.tokenizer import Tokenizer
+
+ORACLE_PY = os.environ.get("LLAMACPY_ORACLE_PY", "/root/oracle/py")
+ROOT = Path(__file__).resolve().parent.parent
+GRAMMAR = ROOT / "tests/fixtures/grammar/gbnf/json.gbnf"
+MODELS = ("smollm2-135m", "gemma3-270m")
+DOC = json.dumps(
+    {
+        "name": "Ada Lovelace",
+        "born": 1815,
+        "ratio": -0.125e3,
+        "tags": ["mathematician", "writer", "Analytical Engine"],
+        "quote": 'She said: "That brain of mine is something more than merely mortal."\n',
+        "city": "Zürich → London",
+        "works": [{"title": "Notes", "year": 1843, "pages": 65}, {"title": "Letters", "ok": True}],
+        "spouse": None,
+    }
+)
+
+ORACLE = r"""
+import ctypes, json, sys, time
+import llama_cpp as L
+path, grammar, ids = sys.argv[1], open(sys.argv[2]).read(), json.loads(sys.argv[3])
+L.llama_backend_init()
+mp = L.llama_model_default_params(); mp.vocab_only = True
+model = L.llama_model_load_from_file(path.encode(), mp)
+vocab = L.llama_model_get_vocab(model)
+n = L.llama_vocab_n_tokens(vocab)
+smpl = L.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
+data = (L.llama_token_data * n)()
+arr = L.llama_token_data_array(data, n, -1, False)
+apply_ms, accept_ms = [], []
+for t in ids:
+    for i in range(n):
+        data[i].id, data[i].logit, data[i].p = i, 0.0, 0.0
+    arr.size, arr.selected, arr.sorted = n, -1, False
+    t0 = time.perf_counter(); L.llama_sampler_apply(smpl, ctypes.byref(arr))
+    t1 = time.perf_counter(); L.llama_sampler_accept(smpl, t)
+    t2 = time.perf_counter()
+    apply_ms.append((t1 - t0) * 1e3); accept_ms.append((t2 - t1) * 1e3)
+print(json.dumps({"n_vocab": n, "apply_ms": apply_ms, "accept_ms": accept_ms}))
+"""
+
+
+def stats(ms: list[float]) -> str:
+    a = np.array(ms)
+    return f"median {np.median(a):8.3f} ms  p99 {np.percentile(a, 99):8.3f} ms  mean {a.mean():8.3f} ms"
+
+
+def ours(tok: Tokenizer, ids: list[int], repeat: int) -> dict:
+    t0 = time.perf_counter()
+    vocab = GrammarVocab([tok.token_to_piece(t, special=True) for t in range(tok.n_vocab)], tok.eog)
+    build_s = time.perf_counter() - t0
+    m = GrammarMatcher(parse_grammar(GRAMMAR.read_text()), vocab)
+    out = np.zeros(vocab.n_vocab, np.bool_)
+    passes, allows_ms, accept_ms, n_allowed = [], [], [], []
+    for p in range(repeat):
+        m.reset()
+        mask_ms = []
+        for t in ids:
+            t0 = time.perf_counter()
+            m.mask(out)
+            t1 = time.perf_counter()
+            ok = m.allows(t)
+            t2 = time.perf_counter()
+            m.accept(t)
+            t3 = time.perf_counter()
+            assert ok and out[t]
+            mask_ms.append((t1 - t0) * 1e3)
+            if p == repeat - 1:
+                allows_ms.append((t2 - t1) * 1e3)
+                accept_ms.append((t3 - t2) * 1e3)
+                n_allowed.append(int(out.sum()))
+        passes.append(mask_ms)
+    return {"build_s": build_s, "passes": passes, "allows_ms": allows_ms,
+            "accept_ms": accept_ms, "n_allowed": n_allowed}  # fmt: skip
+
+
+def oracle(path: Path, ids: list[int]) -> dict | None:
+    py = Path(ORACLE_PY) / "bin" / "python"
+    if not py.exists():
+        return None
+    proc = subprocess.run([str(py), "-c", ORACLE, str(path), str(GRAMMAR), json.dumps(ids)],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeat", type=int, default=2, help="passes over the document (>= 2)")
+    args = ap.parse_args()
+    registry = ModelRegistry.from_environment()
+    print(f"document: {len(DOC)} characters of JSON; grammar: {GRAMMAR.name}")
+    for name in MODELS:
+        path = registry.pull(name, quiet=True)
+        tok = Tokenizer.from_gguf(path)
+        ids = tok.encode(DOC, add_special=False, parse_special=False)
+        r = ours(tok, ids, max(2, args.repeat))
+        print(f"\n{name}: vocabulary {tok.n_vocab}, {len(ids)} positions, trie built in "
+              f"{r['build_s']:.2f} s, allowed tokens per position: median "
+              f"{int(np.median(r['n_allowed']))}")  # fmt: skip
+        print(f"  ours mask, first pass  {stats(r['passes'][0])}")
+        print(f"  ours mask, memoized    {stats(r['passes'][-1])}")
+        print(f"  ours allows (1 token)  {stats(r['allows_ms'])}")
+        print(f"  ours accept            {stats(r['accept_ms'])}")
+        o = oracle(path, ids)
+        if o is None:
+            continue
+        print(f"  llama.cpp apply (mask) {stats(o['apply_ms'])}")
+        print(f"  llama.cpp accept       {stats(o['accept_ms'])}")
+        med = np.median(o["apply_ms"])
+        print(f"  speed-up of the median mask: first pass {med / np.median(r['passes'][0]):.0f}x,"
+              f" memoized {med / np.median(r['passes'][-1]):.0f}x")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""The Python API's grammars as llama-cpp-python has them: ``LlamaGrammar``, ``grammar=``
+(same text as llama-cpp-python 0.3.36 with the same grammar, seed and settings) and
+``response_format`` in chat completions (outputs validated with ``jsonschema``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from llamacpy import Llama, LlamaGrammar
+from llamacpy.errors import UsageError
+from llamacpy.grammar import GrammarError, JsonSchemaError, json_schema_to_grammar
+
+FIX = Path(__file__).parent / "fixtures" / "grammar"
+DATA = json.loads((FIX / "api_grammar.json").read_text())
+CITY = {"type": "object", "additionalProperties": False, "required": ["city", "population"],
+        "properties": {"city": {"type": "string", "maxLength": 16},
+                       "population": {"type": "integer", "minimum": 0, "maximum": 99999999}}}  # fmt: skip
+MESSAGES = [{"role": "user", "content": "Name a large city and its population, as JSON."}]
+
+
+@pytest.fixture(scope="module")
+def llm(smollm2_path):
+    return Llama(str(smollm2_path), n_ctx=DATA["n_ctx"], n_threads=1, n_threads_batch=1,
+                 verbose=False)  # fmt: skip
+
+
+@pytest.fixture
+def fresh(llm):
+    llm.reset()
+    llm.set_seed(0xFFFFFFFF)
+    return llm
+
+
+def test_fixture_count():
+    assert len(DATA["cases"]) == 12
+    assert (FIX / "schemas" / "person.gbnf").read_text() == json_schema_to_grammar(
+        (FIX / "schemas" / "person.json").read_text()
+    )
+
+
+@pytest.mark.parametrize("case", DATA["cases"], ids=lambda c: c["name"])
+def test_same_text_as_llama_cpp_python(fresh, case):
+    grammar = LlamaGrammar.from_string((FIX / case["grammar"]).read_text())
+    res = fresh(case["prompt"], max_tokens=DATA["max_tokens"], grammar=grammar, **case["kwargs"])
+    assert res["choices"][0]["text"] == case["text"]
+    assert res["choices"][0]["finish_reason"] == case["finish_reason"]
+
+
+def test_grammar_constructors(tmp_path):
+    from llamacpy.api import LlamaGrammar as ApiGrammar
+
+    assert LlamaGrammar is ApiGrammar
+    path = tmp_path / "g.gbnf"
+    path.write_text('root ::= "yes" | "no"')
+    assert LlamaGrammar.from_file(path)._grammar == 'root ::= "yes" | "no"'
+    g = LlamaGrammar.from_json_schema(json.dumps(CITY))
+    assert "city-kv ::=" in g._grammar and g._root == "root"
+    assert LlamaGrammar.from_json_schema(CITY)._grammar == g._grammar
+    with pytest.raises(GrammarError, match="expecting '\\)' at line 2, column 12"):
+        LlamaGrammar.from_string('root ::= a\na ::= "x" (')
+    with pytest.raises(JsonSchemaError, match="#/properties/a: unsupported \\$ref"):
+        LlamaGrammar.from_json_schema({"properties": {"a": {"$ref": "other.json#/x"}}})
+    with pytest.raises(UsageError, match="error reading grammar file"):
+        LlamaGrammar.from_file(tmp_path / "missing.gbnf")
+    path.write_text("")
+    with pytest.raises(UsageError, match="is empty"):
+        LlamaGrammar.from_file(path)
+
+
+def test_completion_follows_the_grammar(fresh):
+    grammar = LlamaGrammar.from_string('root ::= ("yes" | "no") "."')
+    for kw in ({"temperature": 0.0}, {"seed": 3, "temperature": 1.5}):
+        out = fresh.create_completion("Is the sea salty? Answer:", max_tokens=8, grammar=grammar,
+                                      **kw)  # fmt: skip
+        assert out["choices"][0]["text"] in ("yes.", "no.")
+        assert out["choices"][0]["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_chat_response_format_with_schema_validates(fresh, seed):
+    for rf in ({"type": "json_object", "schema": CITY},
+               {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY,
+                                                       "strict": True}}):  # fmt: skip
+        res = fresh.create_chat_completion(MESSAGES, response_format=rf, max_tokens=64,
+                                           seed=seed, temperature=0.8)  # fmt: skip
+        content = res["choices"][0]["message"]["content"]
+        assert res["choices"][0]["finish_reason"] == "stop", content
+        jsonschema.validate(json.loads(content), CITY)
+
+
+def test_chat_json_object_is_an_object(fresh):
+    res = fresh.create_chat_completion(MESSAGES, response_format={"type": "json_object"},
+                                       max_tokens=96, temperature=0.0)  # fmt: skip
+    content = res["choices"][0]["message"]["content"]
+    assert res["choices"][0]["finish_reason"] == "stop", content
+    assert isinstance(json.loads(content), dict)
+
+
+def test_chat_response_format_errors(fresh):
+    with pytest.raises(UsageError, match="response_format type"):
+        fresh.create_chat_completion(MESSAGES, response_format={"type": "xml"}, max_tokens=1)
+    with pytest.raises(JsonSchemaError, match="#/properties/a: schema must be an object"):
+        fresh.create_chat_completion(MESSAGES, max_tokens=1, response_format={
+            "type": "json_object", "schema": {"properties": {"a": 3}}})  # fmt: skip
