@@ -34,9 +34,9 @@ MODEL = Path.home() / ".cache/llamacpy/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 LLAMA_SERVER = Path("/root/oracle/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin/llama-server")
 
 
-def start(cmd: list[str], base: str, what: str) -> subprocess.Popen:
+def start(cmd: list[str], base: str, what: str, env: dict | None = None) -> subprocess.Popen:
     """Start a server and wait (up to 180 s) until ``/health`` answers 200."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     deadline = time.monotonic() + 180
     while True:
         with contextlib.suppress(httpx.HTTPError):
@@ -103,7 +103,14 @@ def main() -> int:
     ap.add_argument("-c", "--ctx-size", type=int, default=2048, help="total context")
     ap.add_argument("-t", "--threads", type=int, default=1)
     ap.add_argument("--llama-server", default=str(LLAMA_SERVER))
+    ap.add_argument("--tree", action="append", default=[], metavar="NAME=SRC",
+                    help="also serve from another tree's src folder (PYTHONPATH), e.g. "
+                    "before=/tmp/before/src; repeatable")  # fmt: skip
     args = ap.parse_args()
+    trees = dict(t.split("=", 1) for t in args.tree)
+    have_llama = Path(args.llama_server).exists()
+    if not have_llama:
+        print(f"  {args.llama_server} not found: llamacpy sides only")
 
     print(
         f"server throughput: {args.n_predict} tokens per streamed request, {args.rounds} rounds, "
@@ -114,16 +121,18 @@ def main() -> int:
     for p in args.parallel:
         common = ["-m", args.model, "--host", "127.0.0.1", "-np", str(p),
                   "-c", str(args.ctx_size), "-t", str(args.threads)]  # fmt: skip
-        sides: dict[str, list[str]] = {
-            "llamacpy": [sys.executable, "-m", "llamacpy", "serve", *common],
-            "llama-server": [args.llama_server, *common],
-        }
+        ours = [sys.executable, "-m", "llamacpy", "serve", *common]
+        sides: dict[str, tuple[list[str], dict | None]] = {"llamacpy": (ours, None)}
+        for name, src in trees.items():
+            sides[name] = (ours, {**os.environ, "PYTHONPATH": src})
+        if have_llama:
+            sides["llama-server"] = ([args.llama_server, *common], None)
         bases, procs = {}, {}
         try:
-            for name, cmd in sides.items():
+            for name, (cmd, env) in sides.items():
                 port = free_port()
                 bases[name] = f"http://127.0.0.1:{port}"
-                procs[name] = start([*cmd, "--port", str(port)], bases[name], name)
+                procs[name] = start([*cmd, "--port", str(port)], bases[name], name, env)
             for name in sides:  # warm-up: one request alone, then one full round
                 asyncio.run(round_(bases[name], 1, 8, 0))
                 asyncio.run(round_(bases[name], p, 8, 0))
@@ -145,7 +154,8 @@ def main() -> int:
             for proc in procs.values():
                 stop(proc)
         med = {name: statistics.median(v) for name, v in rates.items()}
-        ratio = med["llamacpy"] / med["llama-server"]
+        ref = "llama-server" if have_llama else "llamacpy"
+        ratio = med["llamacpy"] / med[ref]
         worst = ratio if worst is None else min(worst, ratio)
         print(f"  {p} parallel streams (-np {p}):")
         for name, v in rates.items():
@@ -154,7 +164,9 @@ def main() -> int:
                 f"    {name:13s} median {med[name]:7.1f} tok/s  best {max(v):7.1f}  ({rounds}); "
                 f"{statistics.mean(cores[name]):.2f} cores used"
             )
-        print(f"    ratio llamacpy / llama-server: {ratio:.2f}x")
+        for name in sides:
+            if name != ref:
+                print(f"    ratio {name} / {ref}: {med[name] / med[ref]:.2f}x")
     print(f"  load after: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}")
     return 0
 
