@@ -19,14 +19,19 @@ pytestmark = pytest.mark.filterwarnings(
 ALL = [
     "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1",
     "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K", "IQ4_NL", "IQ4_XS", "MXFP4",
+    "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0",
 ]  # fmt: skip
+# the grid and ternary formats dequantize only
+DEQUANT_ONLY = {"IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0",
+                "TQ2_0"}  # fmt: skip
+QUANT = [t for t in ALL if t not in DEQUANT_ONLY]
 GGUF_DEQUANT = [t for t in ALL if t not in ("Q8_1", "Q8_K")]  # gguf-py has no Q8_1/Q8_K
 GGUF_QUANT = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "BF16", "MXFP4"]  # all gguf-py quantizes
 VEC_DOT = {
     "F32": "F32", "F16": "F16", "BF16": "BF16", "Q4_0": "Q8_0", "Q4_1": "Q8_1", "Q5_0": "Q8_0",
     "Q5_1": "Q8_1", "Q8_0": "Q8_0", "Q8_1": "Q8_1", "Q2_K": "Q8_K", "Q3_K": "Q8_K",
     "Q4_K": "Q8_K", "Q5_K": "Q8_K", "Q6_K": "Q8_K", "Q8_K": None, "IQ4_NL": "Q8_0",
-    "IQ4_XS": "Q8_K", "MXFP4": "Q8_0",
+    "IQ4_XS": "Q8_K", "MXFP4": "Q8_0", **dict.fromkeys(DEQUANT_ONLY, "Q8_K"),
 }  # fmt: skip
 
 
@@ -59,6 +64,8 @@ def random_blocks(name: str, n_blocks: int, seed: int, sane: bool = True) -> np.
     if name == "MXFP4":  # E8M0 exponents: 2**-28 .. 2**27
         blocks["e"] = rng.integers(100, 156, n_blocks)
         return raw
+    if name == "IQ1_M":  # the f16 d in the scale words' top nibbles: 2**-3 .. 2**1
+        blocks["sc"][:, 3] = (blocks["sc"][:, 3] & 0x0FFF) | rng.choice([0x3000, 0x4000], n_blocks)
     if dt.fields is None:  # F32 / F16: the data themselves are floats
         return rng.uniform(-4, 4, n_blocks).astype(dt).view(np.uint8)
     for field, (fdt, _) in dt.fields.items():
@@ -80,16 +87,21 @@ def test_registry_has_every_format_with_consistent_layout():
         expected = VEC_DOT[name]
         assert fmt.vec_dot_type == (GGMLType[expected] if expected else None)
         assert callable(fmt.dequantize) and callable(fmt.dequantize_numpy)
-        assert callable(fmt.quantize) and callable(fmt.quantize_numpy)
+        if name in DEQUANT_ONLY:
+            assert fmt.quantize is None and fmt.quantize_numpy is None
+            with pytest.raises(Q.UnsupportedQuantTypeError, match=f"{name}.*for quantization"):
+                Q.quantize(np.zeros(256, np.float32), name)
+        else:
+            assert callable(fmt.quantize) and callable(fmt.quantize_numpy)
 
 
 def test_unsupported_type_error_names_type_and_tensor():
-    with pytest.raises(Q.UnsupportedQuantTypeError, match=r"IQ2_XXS.*'blk\.0\.ffn_up\.weight'"):
-        Q.get(GGMLType.IQ2_XXS, tensor="blk.0.ffn_up.weight")
+    with pytest.raises(Q.UnsupportedQuantTypeError, match=r"NVFP4.*'blk\.0\.ffn_up\.weight'"):
+        Q.get(GGMLType.NVFP4, tensor="blk.0.ffn_up.weight")
     with pytest.raises(LlamacpyError, match="unknown ggml type 99"):
         Q.get(99)
-    with pytest.raises(Q.UnsupportedQuantTypeError, match="TQ1_0"):
-        Q.dequantize(b"\0" * 54, GGMLType.TQ1_0)
+    with pytest.raises(Q.UnsupportedQuantTypeError, match="Q1_0"):
+        Q.dequantize(b"\0" * 64, GGMLType.Q1_0)
     with pytest.raises(Q.UnsupportedQuantTypeError, match="NVFP4"):
         Q.quantize(np.zeros(64, np.float32), "NVFP4")
 
@@ -97,11 +109,11 @@ def test_unsupported_type_error_names_type_and_tensor():
 def test_unsupported_type_of_a_tensor_info_names_the_tensor():
     class FakeInfo:
         name = "blk.3.attn_k.weight"
-        type = GGMLType.IQ3_S
+        type = GGMLType.Q2_0
         np_shape = (2, 256)
         raw = np.zeros(2 * 110, np.uint8)
 
-    with pytest.raises(Q.UnsupportedQuantTypeError, match=r"IQ3_S.*blk\.3\.attn_k\.weight"):
+    with pytest.raises(Q.UnsupportedQuantTypeError, match=r"Q2_0.*blk\.3\.attn_k\.weight"):
         Q.dequantize(FakeInfo())
 
 
@@ -302,7 +314,7 @@ def test_signed_zero_blocks_follow_llama_cpp_not_gguf_py():
             assert np.array_equal(q, Q.get(name).quantize_numpy(x))
 
 
-@pytest.mark.parametrize("name", [t for t in ALL if t != "F32"])
+@pytest.mark.parametrize("name", [t for t in QUANT if t != "F32"])
 def test_quantize_numba_equals_numpy_twin(name):
     fmt = Q.get(name)
     rng = np.random.default_rng(11)

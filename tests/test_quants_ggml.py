@@ -112,7 +112,8 @@ def test_iq4_nl_row_ref_matches_ggml(lib):
 
 
 DEQUANT = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
-           "Q8_K", "IQ4_NL", "IQ4_XS", "MXFP4"]  # fmt: skip
+           "Q8_K", "IQ4_NL", "IQ4_XS", "MXFP4", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS",
+           "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0"]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", DEQUANT)

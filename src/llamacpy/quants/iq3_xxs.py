@@ -1,0 +1,61 @@
+"""IQ3_XXS: super-blocks of 256 weights, 3.06 bits each: an f16 ``d``, 64 indices into the
+256-point ``iq3xxs_grid`` (4 magnitudes each) and, per 32 weights, a 32-bit word with four
+7-bit sign fields (the eighth sign is the parity) and a 4-bit scale ``ls``:
+``x = d * (0.5 + ls) * 0.5 * grid * sign``.
+
+Dequantize only (ggml's ``dequantize_row_iq3_xxs``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from llamacpy.gguf.constants import GGMLType
+from llamacpy.quants import _iqgrid as G
+from llamacpy.quants._helpers import F32
+
+TYPE = GGMLType.IQ3_XXS
+BLOCK = np.dtype([("d", "<f2"), ("qs", "u1", (G.QK // 4,)), ("ss", "<u4", (G.QK // 32,))])
+TYPE_SIZE = BLOCK.itemsize
+NSUB = 8
+C = 1.0
+GRID = G.grid("iq3xxs_grid", 8)
+_HALF = F32(0.5)
+
+
+@njit(cache=True, inline="always")
+def decode(raw, o, v, sc):
+    """The block at ``raw[o:]``: signed grid values to ``v``, ``2 * ls + 1`` to ``sc``."""
+    for ib in range(8):
+        aux = G.u32(raw, o + 66 + 4 * ib)
+        sc[ib] = 2 * (aux >> 28) + 1
+        q = o + 2 + 8 * ib
+        for l in range(4):
+            signs = G.KSIGNS[(aux >> (7 * l)) & 127]
+            e = 32 * ib + 8 * l
+            G.signed8(v, e, GRID, raw[q + 2 * l], signs, 0, 4)
+            G.signed8(v, e + 4, GRID, raw[q + 2 * l + 1], signs, 4, 4)
+    return G.u16(raw, o)
+
+
+@njit(cache=True, inline="always")
+def mult(d, s):
+    return G.half_scale(d, s, _HALF)
+
+
+def mult_numpy(d, s):
+    return G.half_scale_numpy(d, s, _HALF)
+
+
+def decode_numpy(b: np.ndarray):
+    """``decode`` over structured blocks: (d bits, values [n, 256], scales [n, 8])."""
+    aux = b["ss"].astype(np.int64)  # [n, 8]
+    signs = G.KSIGNS[(aux[..., None] >> (7 * np.arange(4))) & 127]  # [n, 8, 4]
+    mag = GRID[b["qs"]].reshape(-1, 8, 4, 8).astype(np.int64)  # two entries per 8 weights
+    v = mag * G.signs_np(signs, 8)
+    return b["d"], v.reshape(-1, G.QK), 2 * (aux >> 28) + 1
+
+
+FORMAT = G.register_format(TYPE, BLOCK, NSUB, C, decode_numpy, mult_numpy)
+dequantize, dequantize_numpy = FORMAT.dequantize, FORMAT.dequantize_numpy
