@@ -34,7 +34,15 @@ from numba.np import numpy_support
 
 _ROOT = Path(__file__).resolve().parent  # the llamacpy package
 KERNEL_PACKAGES = (
-    "simd", "quants", "ops", "tokenizer", "sampling", "grammar", "models", "engine", "quantize"
+    "simd",
+    "quants",
+    "ops",
+    "tokenizer",
+    "sampling",
+    "grammar",
+    "models",
+    "engine",
+    "quantize",
 )
 _KERNEL_DIRS = [_ROOT / p for p in KERNEL_PACKAGES]  # (+ generated kernels' directories)
 _ROOT_S = str(_ROOT)
