@@ -36,6 +36,10 @@ def _serve(args: argparse.Namespace) -> int:
         raise UsageError(f"--parallel must be at least 1, not {args.parallel}")
     if args.max_queue < 0:
         raise UsageError(f"--max-queue must be >= 0, not {args.max_queue}")
+    if args.max_connections < 1:
+        raise UsageError(f"--max-connections must be at least 1, not {args.max_connections}")
+    if not (args.timeout_headers > 0 and args.timeout_body > 0):
+        raise UsageError("--timeout-headers and --timeout-body must be positive")
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be 0..65535, not {args.port}")
     model_path = resolve_model(args.model)  # fail fast on a bad -m, before listening
@@ -49,6 +53,9 @@ def _serve(args: argparse.Namespace) -> int:
         n_predict=args.n_predict,
         max_body=args.max_body,
         shutdown_timeout=float(args.shutdown_timeout),
+        timeout_headers=args.timeout_headers,
+        timeout_body=args.timeout_body,
+        max_connections=args.max_connections,
     )
     defaults = sampling_params(args, {})  # the model's defaults fill the rest later
     n_ctx = args.ctx_size or 4096 * args.parallel
@@ -131,6 +138,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="requests that may wait for a free slot; beyond: 429 (default: 64)")  # fmt: skip
     p.add_argument("--max-body", type=int, default=4 << 20,
                    help="largest request body in bytes; beyond: 413 (default: 4 MiB)")  # fmt: skip
+    p.add_argument("--timeout-headers", type=float, default=10.0,
+                   help="seconds a request line and headers may take to arrive; beyond: 408 "
+                   "and the connection is closed (default: 10)")  # fmt: skip
+    p.add_argument("--timeout-body", type=float, default=30.0,
+                   help="seconds a request body may take to arrive; beyond: 408 (default: 30)")  # fmt: skip
+    p.add_argument("--max-connections", type=int, default=100,
+                   help="open connections; beyond: 503 and closed (default: 100)")  # fmt: skip
     p.add_argument("--shutdown-timeout", type=float, default=10.0,
                    help="seconds in-flight requests may finish after SIGTERM (default: 10)")  # fmt: skip
     p.add_argument("--embedding", "--embeddings", action="store_true",

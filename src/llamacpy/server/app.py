@@ -22,6 +22,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .errors import APIError
+from .streaming import ClientGone
 
 PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/"})
 
@@ -32,7 +33,9 @@ class ServerConfig:
 
     ``timeout``: seconds a request may run (then it ends with ``length``);
     ``max_body``: bytes a request body may have (413 beyond); ``shutdown_timeout``: seconds
-    in-flight work may go on after SIGTERM before it is cancelled.
+    in-flight work may go on after SIGTERM before it is cancelled; ``timeout_headers`` and
+    ``timeout_body``: seconds a request head and body may take to arrive (408 beyond);
+    ``max_connections``: open connections (503 beyond), see :mod:`.transport`.
     """
 
     host: str = "127.0.0.1"
@@ -44,6 +47,9 @@ class ServerConfig:
     n_predict: int = -1
     max_body: int = 4 << 20
     shutdown_timeout: float = 10.0
+    timeout_headers: float = 10.0
+    timeout_body: float = 30.0
+    max_connections: int = 100
 
     def __repr__(self) -> str:  # never show the keys (logs, tracebacks)
         keys = f"<{len(self.api_keys)} key(s)>"
@@ -172,6 +178,10 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return APIError(exc.status_code, msg).response()
 
 
+async def _client_gone(request: Request, exc: Exception) -> Response:
+    return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
+
+
 async def _server_error(request: Request, exc: Exception) -> Response:
     return Response(json.dumps(APIError(500, f"internal error: {type(exc).__name__}").body()),
                     status_code=500, media_type="application/json")  # fmt: skip
@@ -207,6 +217,7 @@ def create_app(state: ServerState) -> Starlette:
         exception_handlers={
             APIError: _api_error,
             HTTPException: _http_error,
+            ClientGone: _client_gone,
             Exception: _server_error,
         },
         lifespan=lifespan,

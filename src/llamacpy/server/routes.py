@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
@@ -40,11 +40,14 @@ def _state(request: Request) -> ServerState:
 async def read_body(request: Request) -> bytes:
     limit = _state(request).config.max_body
     chunks, n = [], 0
-    async for chunk in request.stream():
-        n += len(chunk)
-        if n > limit:
-            raise APIError(413, f"the request body is larger than {limit} bytes")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            n += len(chunk)
+            if n > limit:
+                raise APIError(413, f"the request body is larger than {limit} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ClientGone from None  # gone (or timed out) before its body was read
     return b"".join(chunks)
 
 

@@ -1,0 +1,194 @@
+"""The server's connection layer against hostile clients (no model needed: a stub
+tokenizer serves ``/tokenize``): slow-loris heads and bodies are answered 408 and closed
+while normal requests are still served, open connections are bounded (503), oversized
+request lines and heads are 414/431 JSON errors instead of a reset, a body over the limit
+is 413 while the client is still sending, and a client gone while its body is read leaves
+no traceback.
+
+Timeouts are short (1 s) to keep the tests quick; socket timeouts are only hang guards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import socket
+import time
+from collections.abc import Iterator
+from types import SimpleNamespace
+
+import httpx
+import pytest
+
+from llamacpy.server import ServerConfig, ServerState
+from test_server import running
+
+GUARD = 30.0  # seconds: only against a hang, never a measured figure
+MAX_CONNECTIONS = 40
+MAX_BODY = 4096
+
+
+class _Tokenizer:
+    n_vocab = 100
+
+    def encode(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
+        return [len(text)]
+
+
+class _Embedder:
+    def tokenizer(self) -> _Tokenizer:
+        return _Tokenizer()
+
+
+@pytest.fixture(scope="module")
+def base() -> Iterator[str]:
+    cfg = ServerConfig(max_body=MAX_BODY, timeout_headers=1.0, timeout_body=1.0,
+                       max_connections=MAX_CONNECTIONS)  # fmt: skip
+    with running(ServerState(cfg, embedder=_Embedder(), model_name="stub")) as url:
+        yield url
+
+
+def _port(base: str) -> int:
+    return int(base.rsplit(":", 1)[1])
+
+
+def _connect(base: str) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", _port(base)), timeout=GUARD)
+    return s
+
+
+def _answer(s: socket.socket) -> tuple[int, bytes]:
+    """Read a whole answer up to the server's close: (status, body)."""
+    data = b""
+    while chunk := s.recv(65536):
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), body
+
+
+def _json_error(body: bytes, status: int) -> str:
+    err = json.loads(body)["error"]
+    assert err["code"] == status
+    return err["message"]
+
+
+def _tokenize(base: str) -> httpx.Response:
+    return httpx.post(base + "/tokenize", json={"content": "abc"}, timeout=GUARD)
+
+
+def _wait_served(base: str) -> None:
+    """Until a fresh connection is served (earlier connections have been closed)."""
+    end = time.monotonic() + GUARD
+    while _tokenize(base).status_code != 200:
+        assert time.monotonic() < end
+        time.sleep(0.1)
+
+
+def test_slow_heads_and_bodies_are_408_and_closed_while_others_are_served(base):
+    heads = [_connect(base) for _ in range(20)]
+    for s in heads:
+        s.sendall(b"POST /tokenize HT")  # half a request line
+    bodies = [_connect(base) for _ in range(10)]
+    for s in bodies:
+        s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 1000\r\n\r\n0123456789")  # fmt: skip
+    r = _tokenize(base)  # served while the 30 slow connections are open
+    assert r.status_code == 200 and r.json() == {"tokens": [3]}
+    for s in heads + bodies:
+        status, body = _answer(s)  # the server closes them: recv reaches EOF
+        assert status == 408
+        assert "did not arrive within 1 seconds" in _json_error(body, 408)
+        s.close()
+    assert _tokenize(base).status_code == 200
+
+
+def test_open_connections_are_bounded(base):
+    _wait_served(base)
+    idle = [_connect(base) for _ in range(MAX_CONNECTIONS)]
+    try:
+        extra = _connect(base)
+        status, body = _answer(extra)
+        assert status == 503
+        assert "too many open connections" in _json_error(body, 503)
+        extra.close()
+    finally:
+        for s in idle:
+            s.close()
+    _wait_served(base)
+
+
+def _send_all(s: socket.socket, data: bytes, piece: int = 4096) -> None:
+    for i in range(0, len(data), piece):
+        s.sendall(data[i : i + piece])
+
+
+@pytest.mark.parametrize("request_bytes, status", [
+    (b"GET /" + b"a" * 100_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414),
+    (b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 1_000_000 + b"\r\n\r\n", 431),
+    (b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"X-H: v\r\n" * 5000 + b"\r\n", 431),
+    (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 500, 400),  # TLS hello
+])  # fmt: skip
+def test_oversized_or_malformed_requests_are_json_errors_not_resets(base, request_bytes, status):
+    s = _connect(base)
+    _send_all(s, request_bytes)  # no reset while the client is still sending
+    got, body = _answer(s)
+    s.close()
+    assert got == status
+    _json_error(body, status)
+    assert _tokenize(base).status_code == 200
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_body_over_the_limit_is_413_while_the_client_still_sends(base, chunked):
+    body = b"x" * (MAX_BODY * 200)
+    if chunked:
+        head = b"Transfer-Encoding: chunked\r\n\r\n"
+        data = b"".join(b"%x\r\n%s\r\n" % (4096, body[i : i + 4096])
+                        for i in range(0, len(body), 4096)) + b"0\r\n\r\n"  # fmt: skip
+    else:
+        head, data = b"Content-Length: %d\r\n\r\n" % len(body), body
+    s = _connect(base)
+    s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + head)
+    _send_all(s, data)
+    s.shutdown(socket.SHUT_WR)
+    status, answer = _answer(s)
+    s.close()
+    assert status == 413
+    assert "larger than 4096 bytes" in _json_error(answer, 413)
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@contextlib.contextmanager
+def _recording(*names: str) -> Iterator[SimpleNamespace]:
+    h = _Records()
+    loggers = [logging.getLogger(n) for n in names]
+    for lg in loggers:
+        lg.addHandler(h)
+    try:
+        yield SimpleNamespace(handler=h)
+    finally:
+        for lg in loggers:
+            lg.removeHandler(h)
+
+
+def test_client_gone_while_its_body_is_read_leaves_no_traceback(base):
+    with _recording("uvicorn.error", "uvicorn") as rec:
+        s = _connect(base)
+        s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 1000\r\n\r\n{\"content\": ")  # fmt: skip
+        time.sleep(0.2)
+        s.close()
+        _wait_served(base)
+        time.sleep(0.2)
+    assert not [r for r in rec.handler.records if r.exc_info], [
+        r.getMessage() for r in rec.handler.records
+    ]
