@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import socket
@@ -589,3 +590,36 @@ def test_lone_surrogates_are_a_400_on_every_route(server, route, body):
     # a valid pair is one character and is fine
     ok = server.http.post("/tokenize", json={"content": "\U0001f600"})
     assert ok.status_code == 200
+
+
+def _completion_lines(rec) -> list[str]:
+    return [m for r in rec.handler.records if "/completion" in (m := r.getMessage())]
+
+
+def test_access_log_counts_tokens_and_disconnects(server):
+    from test_server_transport import _recording
+
+    lg = logging.getLogger("llamacpy.access")
+    level = lg.level
+    lg.setLevel(logging.INFO)
+    body = {"prompt": "Hello", "n_predict": 2, "temperature": 0}
+    try:
+        with _recording("llamacpy.access") as rec:
+            native(server, **body)
+            with server.http.stream("POST", "/completion", json={**body, "stream": True}) as r:
+                list(r.iter_lines())
+            with server.http.stream("POST", "/completion", json={
+                **body, "n_predict": 400, "ignore_eos": True, "stream": True}) as r:  # fmt: skip
+                lines = sse_events(r.iter_lines())
+                next(lines)
+            wait_idle(server)
+            end = time.monotonic() + 30
+            while len(_completion_lines(rec)) < 3 and time.monotonic() < end:
+                time.sleep(0.05)
+    finally:
+        lg.setLevel(level)
+    lines = _completion_lines(rec)
+    assert len(lines) == 3, lines
+    assert all('"POST /completion" 200 ' in ln for ln in lines)
+    assert all("prompt=1 predicted=2" in ln for ln in lines[:2]), lines
+    assert lines[2].endswith("client disconnected") and "Hello" not in "".join(lines)

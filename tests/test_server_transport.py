@@ -180,15 +180,43 @@ def _recording(*names: str) -> Iterator[SimpleNamespace]:
             lg.removeHandler(h)
 
 
-def test_client_gone_while_its_body_is_read_leaves_no_traceback(base):
-    with _recording("uvicorn.error", "uvicorn") as rec:
-        s = _connect(base)
-        s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: 1000\r\n\r\n{\"content\": ")  # fmt: skip
-        time.sleep(0.2)
-        s.close()
-        _wait_served(base)
-        time.sleep(0.2)
-    assert not [r for r in rec.handler.records if r.exc_info], [
-        r.getMessage() for r in rec.handler.records
-    ]
+def _access_lines(rec: SimpleNamespace) -> list[str]:
+    return [r.getMessage() for r in rec.handler.records if r.name == "llamacpy.access"]
+
+
+@pytest.fixture
+def access_log() -> Iterator[SimpleNamespace]:
+    lg = logging.getLogger("llamacpy.access")
+    level = lg.level
+    lg.setLevel(logging.INFO)
+    with _recording("llamacpy.access", "uvicorn.error", "uvicorn") as rec:
+        yield rec
+    lg.setLevel(level)
+
+
+def test_one_access_line_per_request_without_key_query_or_body(base, access_log):
+    r = httpx.post(base + "/tokenize?token=QUERY-SECRET", json={"content": "PROMPT-SECRET"},
+                   headers={"Authorization": "Bearer KEY-SECRET"}, timeout=GUARD)  # fmt: skip
+    assert r.status_code == 200
+    assert httpx.get(base + "/nowhere", timeout=GUARD).status_code == 404
+    lines = _access_lines(access_log)
+    assert len(lines) == 2, lines
+    assert '"POST /tokenize" 200 ' in lines[0] and '"GET /nowhere" 404 ' in lines[1]
+    assert not any("SECRET" in ln for ln in lines)
+
+
+def test_client_gone_while_its_body_is_read_is_one_line_without_traceback(base, access_log):
+    s = _connect(base)
+    s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: 1000\r\n\r\n{\"content\": ")  # fmt: skip
+    time.sleep(0.2)  # the server is reading the body
+    s.close()
+    _wait_served(base)
+    end = time.monotonic() + GUARD
+    while not any("client disconnected" in ln for ln in _access_lines(access_log)):
+        assert time.monotonic() < end, _access_lines(access_log)
+        time.sleep(0.05)
+    records = access_log.handler.records
+    assert not [r for r in records if r.exc_info], [r.getMessage() for r in records]
+    gone = [ln for ln in _access_lines(access_log) if "client disconnected" in ln]
+    assert len(gone) == 1 and '"POST /tokenize" 499 ' in gone[0], gone

@@ -92,7 +92,8 @@ def _serve(args: argparse.Namespace) -> int:
     where = f"http://{args.host}:{args.port}"
     print(f"llamacpy serve: listening on {where} (model {model_path.name}, "
           f"{args.parallel} slot(s), n_ctx {n_ctx})", file=sys.stderr, flush=True)  # fmt: skip
-    serve(state, log_level="info" if args.verbose else "warning", access_log=args.verbose)
+    serve(state, log_level="info" if args.verbose else "warning",
+          access_log=not args.log_disable)  # fmt: skip
     if state.load_error is not None:
         print(f"llamacpy serve: error: {state.load_error}", file=sys.stderr)
         return 1
@@ -156,7 +157,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="'chatml', a template name stored in the model, or a Jinja template")  # fmt: skip
     p.add_argument("--metrics", action="store_true", help="accepted for llama-server "
                    "compatibility (/metrics is always on)")  # fmt: skip
-    p.add_argument("-v", "--verbose", action="store_true", help="log every request")
+    p.add_argument("-v", "--verbose", action="store_true", help="log uvicorn's events too")
+    p.add_argument("--log-disable", action="store_true",
+                   help="no access log (default: one line per request on stderr: client, "
+                   "method, path, status, duration, tokens)")  # fmt: skip
     add_sampling_args(p)
     add_compat_args(p)
     p.set_defaults(func=_serve)

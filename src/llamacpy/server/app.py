@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from . import accesslog
 from .errors import APIError
 from .streaming import ClientGone
 
@@ -179,6 +180,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 async def _client_gone(request: Request, exc: Exception) -> Response:
+    accesslog.note(request.scope, disconnected=True)
     return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
 
 
@@ -203,7 +205,7 @@ def create_app(state: ServerState) -> Starlette:
         if state.model is not None:
             state.model.stop(0.0)  # uvicorn has waited for in-flight requests already
 
-    middleware = []
+    middleware = [Middleware(accesslog.AccessLogMiddleware)]
     if cfg.cors_origins:
         middleware.append(Middleware(
             CORSMiddleware, allow_origins=list(cfg.cors_origins), allow_methods=["GET", "POST"],

@@ -25,7 +25,7 @@ from ..api.serving import (
     ServingModel,
 )
 from ..errors import LlamacpyError
-from . import metrics, webui
+from . import accesslog, metrics, webui
 from .app import ServerState
 from .errors import APIError, bad_request
 from .responses import Shaper, sse
@@ -270,13 +270,11 @@ async def _completion(request: Request, kind: str) -> Response:
         m.abort(req)
 
     if creq.stream:
-        return EventStream(_stream(channel, shaper, abort), on_disconnect=abort)
-    try:
-        ev = await result_or_disconnect(channel, request.receive, abort)
-    except ClientGone:
-        return Response(status_code=204)
+        return EventStream(_stream(channel, shaper, abort, request.scope), on_disconnect=abort)
+    ev = await result_or_disconnect(channel, request.receive, abort)  # or ClientGone
     if isinstance(ev, Failure):
         raise _failure(ev)
+    accesslog.note(request.scope, prompt_tokens=ev.n_prompt, predicted_tokens=ev.n_predicted)
     return JSONResponse(shaper.result(ev))
 
 
@@ -285,7 +283,7 @@ def _failure(ev: Failure) -> APIError:
     return APIError(status, ev.message)
 
 
-async def _stream(channel: Channel, shaper: Shaper, abort: Any) -> AsyncIterator[bytes]:
+async def _stream(channel: Channel, shaper: Shaper, abort: Any, scope: Any) -> AsyncIterator[bytes]:
     finished = False
     try:
         for b in shaper.first():
@@ -294,6 +292,7 @@ async def _stream(channel: Channel, shaper: Shaper, abort: Any) -> AsyncIterator
             ev = await channel.get()
             if isinstance(ev, Final):
                 finished = True
+                accesslog.note(scope, prompt_tokens=ev.n_prompt, predicted_tokens=ev.n_predicted)
                 for b in shaper.last(ev):
                     yield b
                 return

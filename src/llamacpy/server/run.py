@@ -10,6 +10,7 @@ from typing import Any
 
 import uvicorn
 
+from . import accesslog
 from .app import ServerState, create_app
 from .transport import Limits, protocol_class
 
@@ -18,6 +19,7 @@ def serve(state: ServerState, *, sock: socket.socket | None = None, log_level: s
           access_log: bool = False, on_ready: Any = None) -> None:  # fmt: skip
     """Serve ``state`` until SIGTERM/SIGINT (or ``server.should_exit``); returns normally."""
     cfg = state.config
+    accesslog.configure(access_log)
     limits = Limits(timeout_headers=cfg.timeout_headers, timeout_body=cfg.timeout_body,
                     max_connections=cfg.max_connections)  # fmt: skip
     config = uvicorn.Config(
@@ -25,7 +27,7 @@ def serve(state: ServerState, *, sock: socket.socket | None = None, log_level: s
         host=cfg.host,
         port=cfg.port,
         log_level=log_level,
-        access_log=access_log,
+        access_log=False,  # llamacpy.access logs instead (no query strings)
         timeout_graceful_shutdown=cfg.shutdown_timeout,
         lifespan="on",
         http=protocol_class(limits),

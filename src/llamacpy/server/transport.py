@@ -67,8 +67,6 @@ class BoundedH11Protocol(H11Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         if len(self.connections) > self.limits.max_connections:
-            log.warning("refused a connection: %d open (--max-connections)",
-                        len(self.connections) - 1)  # fmt: skip
             self._refuse(503, f"too many open connections (at most "
                               f"{self.limits.max_connections}); retry later")  # fmt: skip
             return
@@ -139,7 +137,6 @@ class BoundedH11Protocol(H11Protocol):
             return
         what = "request head" if phase == "head" else "request body"
         seconds = self.limits.timeout_headers if phase == "head" else self.limits.timeout_body
-        log.warning("closed a connection: the %s did not arrive within %gs", what, seconds)
         started = self.cycle is not None and self.cycle.response_started
         if self.cycle is not None:  # the application sees a disconnect
             self.cycle.disconnected = True
@@ -160,6 +157,8 @@ class BoundedH11Protocol(H11Protocol):
 
     def _refuse(self, status: int, message: str) -> None:
         """Answer ``status`` and close lingering."""
+        who = self.client[0] if self.client else "-"
+        log.warning("%s: answered %d and closed the connection: %s", who, status, message)
         self._disarm()
         self._closing = True
         if self.cycle is not None:
