@@ -76,7 +76,7 @@ def running(state: ServerState) -> Iterator[str]:
 def server(smollm2_path):
     params = ContextParams(n_ctx=N_CTX, n_batch=128, n_ubatch=128, n_threads=1, n_threads_batch=1)
     model = ServingModel.load(str(smollm2_path), params, n_parallel=N_SLOTS, max_queue=2)
-    cfg = ServerConfig(api_keys=(KEY, "second-key"), max_body=64 * 1024, timeout=120)
+    cfg = ServerConfig(api_keys=(KEY, "second-key"), max_body=64 * 1024, timeout=120, metrics=True)
     state = ServerState(cfg, model, model_name="smollm2")
     with running(state) as base:
         client = openai.OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0, timeout=60)
@@ -326,7 +326,6 @@ BAD = [
     ("infinity", b'{"prompt": "x", "top_p": Infinity}', 400, "invalid_request_error"),
     ("wrong type", json.dumps({"prompt": "x", "n_predict": "ten"}).encode(), 400, None),
     ("wrong type bool", json.dumps({"prompt": "x", "stream": "yes"}).encode(), 400, None),
-    ("negative temperature", json.dumps({"prompt": "x", "temperature": -1}).encode(), 400, None),
     ("huge temperature", json.dumps({"prompt": "x", "temperature": 1e300}).encode(), 400, None),
     ("top_p above 1", json.dumps({"prompt": "x", "top_p": 1.5}).encode(), 400, None),
     ("negative top_k", json.dumps({"prompt": "x", "top_k": -5}).encode(), 400, None),

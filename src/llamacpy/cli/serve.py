@@ -56,6 +56,7 @@ def _serve(args: argparse.Namespace) -> int:
         timeout_headers=args.timeout_headers,
         timeout_body=args.timeout_body,
         max_connections=args.max_connections,
+        metrics=args.metrics,
     )
     defaults = sampling_params(args, {})  # the model's defaults fill the rest later
     n_ctx = args.ctx_size or 4096 * args.parallel
@@ -155,8 +156,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="embedding pooling (default: the model's)")  # fmt: skip
     p.add_argument("--chat-template", default=None,
                    help="'chatml', a template name stored in the model, or a Jinja template")  # fmt: skip
-    p.add_argument("--metrics", action="store_true", help="accepted for llama-server "
-                   "compatibility (/metrics is always on)")  # fmt: skip
+    p.add_argument("--metrics", action="store_true",
+                   help="serve Prometheus metrics on /metrics (default: off, 501)")  # fmt: skip
     p.add_argument("-v", "--verbose", action="store_true", help="log uvicorn's events too")
     p.add_argument("--log-disable", action="store_true",
                    help="no access log (default: one line per request on stderr: client, "

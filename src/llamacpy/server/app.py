@@ -51,6 +51,7 @@ class ServerConfig:
     timeout_headers: float = 10.0
     timeout_body: float = 30.0
     max_connections: int = 100
+    metrics: bool = False
 
     def __repr__(self) -> str:  # never show the keys (logs, tracebacks)
         keys = f"<{len(self.api_keys)} key(s)>"

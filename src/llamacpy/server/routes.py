@@ -146,7 +146,11 @@ async def slots(request: Request) -> Response:
 
 
 async def metrics_route(request: Request) -> Response:
-    m = _state(request).generator()
+    st = _state(request)
+    if not st.config.metrics:
+        raise APIError(501, "This server does not support metrics endpoint. Start it with "
+                       "`--metrics`")  # fmt: skip
+    m = st.generator()
     return PlainTextResponse(metrics.render(m.scheduler, m.ctx),
                              media_type="text/plain; version=0.0.4")  # fmt: skip
 
@@ -198,8 +202,20 @@ def _render(m: ServingModel, creq: CompletionRequest) -> str:
         raise bad_request(f"cannot apply the chat template: {e}") from None
 
 
+def _text_bias(m: ServingModel, creq: CompletionRequest) -> None:
+    """``logit_bias`` keys given as text: the bias goes to each of their tokens."""
+    pairs = creq.sampling.get("logit_bias")
+    if pairs and any(isinstance(t, str) for t, _ in pairs):
+        creq.sampling["logit_bias"] = tuple(
+            (tid, b) for t, b in pairs
+            for tid in (m.tokenize(t, add_special=False, parse_special=False)
+                        if isinstance(t, str) else [t])
+        )  # fmt: skip
+
+
 def _prepare(m: ServingModel, creq: CompletionRequest) -> tuple[list[int], str]:
     """Prompt tokens (checked) and the prompt text (echo and the native ``prompt`` field)."""
+    _text_bias(m, creq)
     if creq.kind == "chat":
         text = _render(m, creq)
         tokens = m.tokenize(text)
