@@ -409,7 +409,8 @@ def test_oversized_body_is_413(server):
             yield b"x" * 1024
         yield b'"}'
 
-    r = server.http.post("/completion", content=chunks())
+    r = server.http.post("/completion", content=chunks(),
+                         headers={"Content-Type": "application/json"})  # fmt: skip
     assert r.status_code == 413
     assert native(server, prompt="Hi", n_predict=1)["stop"]
 
@@ -438,19 +439,21 @@ def test_api_key(server):
     ok = httpx.get(server.base + "/slots", headers={"Authorization": "Bearer second-key"})
     assert ok.status_code == 200
     bad = openai.OpenAI(base_url=server.base + "/v1", api_key="wrong", max_retries=0)
+    assert [m.id for m in bad.models.list().data] == ["smollm2"]  # public, as llama-server
     with pytest.raises(openai.AuthenticationError):
-        bad.models.list()
+        bad.completions.create(model="smollm2", prompt="x", max_tokens=1)
+    assert httpx.get(server.base + "/slots", headers={"X-Api-Key": "nope"}).status_code == 401
 
 
 def test_cors_closed_by_default_and_opt_in():
-    closed = TestClient(create_app(ServerState(ServerConfig())))
+    closed = TestClient(create_app(ServerState(ServerConfig())), base_url="http://localhost")
     r = closed.get("/health", headers={"Origin": "http://evil.example"})
     assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
     pre = closed.options("/v1/chat/completions", headers={
         "Origin": "http://evil.example", "Access-Control-Request-Method": "POST"})  # fmt: skip
     assert "access-control-allow-origin" not in pre.headers
     cfg = ServerConfig(cors_origins=("http://ok.example",), api_keys=("k",))
-    opened = TestClient(create_app(ServerState(cfg)))
+    opened = TestClient(create_app(ServerState(cfg)), base_url="http://localhost")
     pre = opened.options("/v1/chat/completions", headers={
         "Origin": "http://ok.example", "Access-Control-Request-Method": "POST",
         "Access-Control-Request-Headers": "authorization"})  # fmt: skip

@@ -91,7 +91,7 @@ def test_slow_heads_and_bodies_are_408_and_closed_while_others_are_served(base):
         s.sendall(b"POST /tokenize HT")  # half a request line
     bodies = [_connect(base) for _ in range(10)]
     for s in bodies:
-        s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                   b"Content-Length: 1000\r\n\r\n0123456789")  # fmt: skip
     r = _tokenize(base)  # served while the 30 slow connections are open
     assert r.status_code == 200 and r.json() == {"tokens": [3]}
@@ -124,9 +124,9 @@ def _send_all(s: socket.socket, data: bytes, piece: int = 4096) -> None:
 
 
 @pytest.mark.parametrize("request_bytes, status", [
-    (b"GET /" + b"a" * 100_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414),
-    (b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 1_000_000 + b"\r\n\r\n", 431),
-    (b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"X-H: v\r\n" * 5000 + b"\r\n", 431),
+    (b"GET /" + b"a" * 100_000 + b" HTTP/1.1\r\nHost: localhost\r\n\r\n", 414),
+    (b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"a" * 1_000_000 + b"\r\n\r\n", 431),
+    (b"GET /health HTTP/1.1\r\nHost: localhost\r\n" + b"X-H: v\r\n" * 5000 + b"\r\n", 431),
     (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 500, 400),  # TLS hello
 ])  # fmt: skip
 def test_oversized_or_malformed_requests_are_json_errors_not_resets(base, request_bytes, status):
@@ -149,7 +149,9 @@ def test_body_over_the_limit_is_413_while_the_client_still_sends(base, chunked):
     else:
         head, data = b"Content-Length: %d\r\n\r\n" % len(body), body
     s = _connect(base)
-    s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + head)
+    s.sendall(
+        b"POST /tokenize HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n" + head
+    )
     _send_all(s, data)
     s.shutdown(socket.SHUT_WR)
     status, answer = _answer(s)
@@ -207,7 +209,7 @@ def test_one_access_line_per_request_without_key_query_or_body(base, access_log)
 
 def test_client_gone_while_its_body_is_read_is_one_line_without_traceback(base, access_log):
     s = _connect(base)
-    s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
               b"Content-Length: 1000\r\n\r\n{\"content\": ")  # fmt: skip
     time.sleep(0.2)  # the server is reading the body
     s.close()
@@ -220,3 +222,51 @@ def test_client_gone_while_its_body_is_read_is_one_line_without_traceback(base, 
     assert not [r for r in records if r.exc_info], [r.getMessage() for r in records]
     gone = [ln for ln in _access_lines(access_log) if "client disconnected" in ln]
     assert len(gone) == 1 and '"POST /tokenize" 499 ' in gone[0], gone
+
+
+# --------------------------------------------------------------------------- browsers
+@pytest.mark.parametrize("content_type, status", [
+    ("text/plain", 415),  # what a foreign page may POST without a preflight
+    ("application/x-www-form-urlencoded", 415),
+    ("multipart/form-data; boundary=x", 415),
+    (None, 415),  # fetch() with a Blob body sends none
+    ("application/json; charset=utf-8", 200),
+    ("application/vnd.api+json", 200),
+])  # fmt: skip
+def test_json_routes_refuse_other_content_types(base, content_type, status):
+    headers = {"Content-Type": content_type} if content_type else {}
+    r = httpx.post(base + "/tokenize", content=b'{"content": "abc"}', headers=headers,
+                   timeout=GUARD)  # fmt: skip
+    assert r.status_code == status, r.text
+    if status == 415:
+        assert "application/json" in _json_error(r.content, 415)
+
+
+@pytest.mark.parametrize("host, status", [
+    ("evil.example:{port}", 403),  # a rebound name: 127.0.0.1 behind a foreign page
+    ("evil.example", 403),
+    ("127.0.0.1.evil.example:{port}", 403),
+    ("localhost:{port}", 200),
+    ("127.0.0.1:{port}", 200),
+    ("[::1]:{port}", 200),
+])  # fmt: skip
+def test_loopback_server_answers_loopback_host_names_only(base, host, status):
+    r = httpx.get(base + "/health", headers={"Host": host.format(port=_port(base))},
+                  timeout=GUARD)  # fmt: skip
+    assert r.status_code == status, r.text
+    if status == 403:
+        assert "--allowed-hosts" in _json_error(r.content, 403)
+
+
+def test_allowed_hosts_default_and_configured():
+    from llamacpy.server.app import allowed_hosts, host_name
+
+    assert allowed_hosts(ServerConfig()) == {"localhost", "127.0.0.1", "::1"}
+    assert allowed_hosts(ServerConfig(host="0.0.0.0")) == {"*"}
+    assert allowed_hosts(ServerConfig(allowed_hosts=("My.Host",))) == {"my.host"}
+    assert [host_name(h) for h in ("a.b:80", "[::1]:8080", "::1", "x")] == [
+        "a.b",
+        "::1",
+        "::1",
+        "x",
+    ]

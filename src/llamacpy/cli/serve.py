@@ -57,6 +57,7 @@ def _serve(args: argparse.Namespace) -> int:
         timeout_body=args.timeout_body,
         max_connections=args.max_connections,
         metrics=args.metrics,
+        allowed_hosts=tuple(h.strip() for h in (args.allowed_hosts or "").split(",") if h.strip()),
     )
     defaults = sampling_params(args, {})  # the model's defaults fill the rest later
     n_ctx = args.ctx_size or 4096 * args.parallel
@@ -134,6 +135,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cors-origins", default=None,
                    help="comma-separated origins allowed cross-origin ('*' for any; "
                    "default: none)")  # fmt: skip
+    p.add_argument("--allowed-hosts", default=None,
+                   help="comma-separated Host header names answered ('*' for any; default: "
+                   "localhost, 127.0.0.1 and ::1 on a loopback --host, else any)")  # fmt: skip
     p.add_argument("--timeout", type=float, default=600,
                    help="seconds a request may run (default: 600)")  # fmt: skip
     p.add_argument("--max-queue", type=int, default=64,

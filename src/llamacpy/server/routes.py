@@ -51,7 +51,18 @@ async def read_body(request: Request) -> bytes:
     return b"".join(chunks)
 
 
+def _is_json(content_type: str) -> bool:
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and
+                                           media.endswith("+json"))  # fmt: skip
+
+
 async def read_json(request: Request) -> dict[str, Any]:
+    """The JSON object of the body; 415 unless ``Content-Type`` says JSON (a web page can
+    POST text/plain or forms to any address without asking the server first)."""
+    if not _is_json(request.headers.get("content-type", "")):
+        raise APIError(415, "the request body must be JSON: send 'Content-Type: "
+                       "application/json'")  # fmt: skip
     return parse_json(await read_body(request))
 
 
