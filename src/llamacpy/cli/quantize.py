@@ -253,6 +253,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="KEY=TYPE:VALUE",
         help="set a metadata key in the output; TYPE is int, float, bool or str (repeatable)",
     )
+    _add_output_args(p)
+    p.set_defaults(func=_run)
+
+
+def _add_output_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dry-run",
         action="store_true",
@@ -261,4 +266,3 @@ def register(sub: argparse._SubParsersAction) -> None:
     out = p.add_mutually_exclusive_group()
     out.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     out.add_argument("-v", "--verbose", action="store_true", help="print a line per tensor")
-    p.set_defaults(func=_run)
