@@ -26,17 +26,9 @@ import time
 
 import httpx
 
-from _server_common import PROMPTS, free_port
+from _server_common import PROMPTS, free_port, rss_anon_kib, wait_healthy
 
 MAX_GROWTH = 5.0  # percent
-
-
-def rss_anon_kib(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1])
-    raise RuntimeError("no RssAnon in /proc status")
 
 
 async def one_request(client: httpx.AsyncClient, rng: random.Random, stats: dict) -> None:
@@ -117,15 +109,9 @@ def main() -> int:
     stats: dict = {}
     samples: list[tuple[float, int]] = []
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(base + "/health", timeout=2).status_code == 200:
-                    break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                print("the server did not come up", file=sys.stderr)
-                return 1
-            time.sleep(0.2)
+        if not wait_healthy(proc, base):
+            print("the server did not come up", file=sys.stderr)
+            return 1
         asyncio.run(steady_load(base, clients, args.warmup, args.seed, {}))
 
         async def measured() -> None:

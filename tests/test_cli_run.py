@@ -95,3 +95,9 @@ def test_usage_errors_are_one_line(main, capsys, smollm2_path):
     code = main(["run", "-m", str(smollm2_path), "-p", "x", "--temp", "0", "-l", "nonsense"])
     _, err = capsys.readouterr()
     assert code == 1 and "--logit-bias" in err
+
+
+def test_negative_predict_below_minus_two_is_an_error(main, capsys, smollm2_path):
+    code = main(["run", "-m", str(smollm2_path), "-p", "x", "-n", "-5"])
+    _, err = capsys.readouterr()
+    assert code == 1 and "-n/--predict" in err and "-5" in err and err.count("\n") == 1

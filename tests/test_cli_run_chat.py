@@ -97,3 +97,14 @@ def test_exit_and_end_of_input(text):
 
     msg = read_message(io.StringIO(text), io.StringIO())
     assert msg is None or msg.strip() == "/exit"
+
+
+def test_chat_names_the_template_it_falls_back_to():
+    from types import SimpleNamespace
+
+    from llamacpy.cli.chat import template_note
+
+    assert template_note(SimpleNamespace(chat_templates={"": "{{ x }}"})) is None
+    assert "ChatML" in template_note(SimpleNamespace(chat_templates={}))
+    assert "ChatML" in template_note(SimpleNamespace(chat_templates={"": "chatml"}))
+    assert "tool_use" in template_note(SimpleNamespace(chat_templates={"tool_use": "{{ x }}"}))

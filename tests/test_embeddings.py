@@ -293,3 +293,15 @@ def test_cli_formats(minilm, hf_ref, sentences, capsys):
     assert rc == 1 and "embd_normalize" in err
     rc, _, err = _cli(capsys, "-m", m, "-p", "hi", "--pooling", "max")
     assert rc == 2 and "--pooling" in err
+
+
+def test_decoder_without_pooling_notes_one_vector_per_token(smollm2_path):
+    from llamacpy.api import Llama
+    from llamacpy.engine.embeddings import per_token_note
+
+    assert "one vector per token" in per_token_note("unspecified", None)
+    assert per_token_note("mean", None) is None and per_token_note(-1, 1) is None
+    llm = Llama(str(smollm2_path), embedding=True, n_ctx=64, n_threads=1, verbose=False)
+    with pytest.warns(UserWarning, match="--pooling mean or last"):
+        per_token = llm.embed("Hello world")
+    assert len(per_token) == len(llm.tokenize(b"Hello world"))  # one vector per token

@@ -51,7 +51,7 @@ def test_server(model):
     serving = ServingModel.load(str(path), params, n_parallel=1)
     state = ServerState(ServerConfig(), serving, model_name=name)
     differ = []
-    with TestClient(create_app(state)) as client:
+    with TestClient(create_app(state), base_url="http://localhost") as client:
         for r in FIXTURE["models"][name]:
             res = client.post("/completion", json={"prompt": r["prompt"], "n_predict": N, "cache_prompt": False,
                                                    "temperature": 0})  # fmt: skip

@@ -725,3 +725,15 @@ def test_cli_requantize_error_is_one_line(
     assert _main(monkeypatch, "quantize", str(smollm2_path), str(tmp_path / "o.gguf"), "Q4_0") == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert "requantizing from type q4_1 is disabled" in err[-1] and "Traceback" not in "".join(err)
+
+
+def test_threads_flag_as_llama_quantize_positional(tmp_path):
+    def nthread(*argv: str) -> int:
+        args = _parser().parse_args(["quantize", "--dry-run", *argv])
+        return cli_quantize._positionals(args)[3]
+
+    assert nthread("in.gguf", "Q4_0", "3") == 3
+    assert nthread("-t", "3", "in.gguf", "Q4_0") == 3
+    assert nthread("--threads", "2", "in.gguf", "out.gguf", "Q4_0", "2") == 2
+    with pytest.raises(UsageError, match="disagree"):
+        nthread("-t", "2", "in.gguf", "Q4_0", "4")

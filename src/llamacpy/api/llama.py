@@ -11,13 +11,14 @@ from __future__ import annotations
 import os
 import random
 import sys
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from ..engine import ContextParams
-from ..engine.embeddings import POOLING_TYPES, pooling_name
+from ..engine.embeddings import POOLING_TYPES, per_token_note, pooling_name
 from ..engine.embeddings import normalize as normalize_embd
 from ..errors import UsageError
 from ..models import RopeOverrides
@@ -546,6 +547,11 @@ class Llama:
         if not self._embedding:
             raise UsageError("Llama model must be created with embedding=True to call this method")
         ctx = self._ctx()
+        if not getattr(self, "_pooling_noted", False):
+            self._pooling_noted = True
+            note = per_token_note(ctx.params.pooling_type, getattr(ctx.model, "pooling_type", None))
+            if note:
+                warnings.warn(note, stacklevel=2)
         n_batch = self.n_batch
         inputs = [input] if isinstance(input, str) else list(input)
         norm = (2 if normalize else -1) if isinstance(normalize, bool) else normalize

@@ -81,6 +81,8 @@ class Chunk:
     text: str
     tokens: list[int]
     probs: list[Any] = field(default_factory=list)
+    id_slot: int = -1
+    n_prompt: int = 0  # the prompt's tokens (llama-server's tokens_evaluated)
 
 
 @dataclass
@@ -164,7 +166,7 @@ class CompletionHandler:
         text = self.stops.feed(self.utf8.feed(piece))
         self.text += text
         if text or record is not None:
-            self.emit(Chunk(text, [token], [record] if record is not None else []))
+            self._chunk(text, [token], [record] if record is not None else [])
         if self.stops.matched is not None:
             return self._final("stop", "word")
         if 0 <= opts.n_predict <= len(self.tokens):
@@ -184,12 +186,16 @@ class CompletionHandler:
             self.request = None
 
     # ------------------------------------------------------------------ results
+    def _chunk(self, text: str, tokens: list[int], probs: list[Any]) -> None:
+        slot = self.request.slot if self.request is not None else -1
+        self.emit(Chunk(text, tokens, probs, slot, len(self.prompt)))
+
     def _final(self, finish_reason: str, stop_type: str) -> None:
         if stop_type != "word":
             tail = self.stops.feed(self.utf8.flush()) + self.stops.flush()
             if tail:
                 self.text += tail
-                self.emit(Chunk(tail, []))
+                self._chunk(tail, [], [])
         self.done = True
         r = self.request
         now = time.monotonic()

@@ -99,9 +99,25 @@ class Chat:
         return reply
 
 
+def template_note(tok: Any) -> str | None:
+    """What ``chat`` says when the model has no chat template of its own."""
+    templates = getattr(tok, "chat_templates", {}) or {}
+    if templates.get("", "") not in ("", "chatml"):
+        return None
+    if templates.get("tool_use"):
+        return (
+            "llamacpy chat: note: the model has no default chat template; using its 'tool_use' one"
+        )
+    return ("llamacpy chat: note: the model has no chat template (a base model?); falling back "
+            "to ChatML (<|im_start|>role ... <|im_end|>), which it may not know")  # fmt: skip
+
+
 def _chat(args: argparse.Namespace) -> int:
     model = load(args)
     params = sampling_params(args, model.info.metadata)
+    note = template_note(model.tokenizer)
+    if note:
+        print(note, file=sys.stderr)
     chat = Chat(model, params, args.system_prompt, args.n_predict)
     inp, out = sys.stdin, sys.stdout
     output_begins()

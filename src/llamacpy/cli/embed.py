@@ -50,7 +50,7 @@ def _fmt(v: float, norm: int, width: bool) -> str:
 
 def _run(args: argparse.Namespace) -> int:
     from ..engine import Batch, Context, ContextParams
-    from ..engine.embeddings import check_embd_normalize, cosine, normalize
+    from ..engine.embeddings import check_embd_normalize, cosine, normalize, per_token_note
     from ..registry import resolve_model
     from ..tokenizer import Tokenizer
 
@@ -70,6 +70,9 @@ def _run(args: argparse.Namespace) -> int:
     )
     ctx = Context(path, params)
     pooling = ctx.pooling_type
+    note = per_token_note(params.pooling_type, getattr(ctx.model, "pooling_type", None))
+    if note:
+        print(f"llamacpy embed: note: {note}", file=sys.stderr)
     rows: list[np.ndarray] = []
     for p in prompts:
         ids = tok.encode(p.encode("utf-8"), add_special=True, parse_special=True)

@@ -62,6 +62,12 @@ def _positionals(args: argparse.Namespace) -> tuple[str, str | None, object, int
             raise UsageError(f"invalid NTHREADS {args.positionals[-1]!r}") from None
     if pos:
         raise UsageError(f"unexpected arguments: {' '.join(pos)}")
+    if args.threads is not None:
+        if args.threads < 0:
+            raise UsageError(f"--threads must be >= 0, not {args.threads}")
+        if nthread and nthread != args.threads:
+            raise UsageError(f"-t {args.threads} and NTHREADS {nthread} disagree; give one")
+        nthread = args.threads
     return inp, out, preset, nthread
 
 
@@ -197,6 +203,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="no k-quant mixtures: quantize every tensor to the same type",
     )
+    p.add_argument("-t", "--threads", type=int, default=None,
+                   help="threads (as the positional NTHREADS; default: cores)")  # fmt: skip
     p.add_argument("--imatrix", metavar="FILE", help="importance matrix (GGUF or legacy .dat)")
     p.add_argument(
         "--include-weights",
@@ -245,6 +253,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="KEY=TYPE:VALUE",
         help="set a metadata key in the output; TYPE is int, float, bool or str (repeatable)",
     )
+    _add_output_args(p)
+    p.set_defaults(func=_run)
+
+
+def _add_output_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dry-run",
         action="store_true",
@@ -253,4 +266,3 @@ def register(sub: argparse._SubParsersAction) -> None:
     out = p.add_mutually_exclusive_group()
     out.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     out.add_argument("-v", "--verbose", action="store_true", help="print a line per tensor")
-    p.set_defaults(func=_run)

@@ -282,6 +282,9 @@ def _read_prompt(args: argparse.Namespace) -> bytes:
 def _run(args: argparse.Namespace) -> int:
     if args.file is None and args.prompt is None:
         raise UsageError("give a prompt with -p PROMPT or -f FILE")
+    if args.n_predict < -2:
+        raise UsageError(f"-n/--predict must be -1 (until end of generation), -2 (until the "
+                         f"context is full) or >= 0, not {args.n_predict}")  # fmt: skip
     prompt = _read_prompt(args)
     grammar = grammar_text(args)
     model = load(args)  # (first: the weights are copied while the rest is imported)

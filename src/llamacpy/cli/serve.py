@@ -36,6 +36,10 @@ def _serve(args: argparse.Namespace) -> int:
         raise UsageError(f"--parallel must be at least 1, not {args.parallel}")
     if args.max_queue < 0:
         raise UsageError(f"--max-queue must be >= 0, not {args.max_queue}")
+    if args.max_connections < 1:
+        raise UsageError(f"--max-connections must be at least 1, not {args.max_connections}")
+    if not (args.timeout_headers > 0 and args.timeout_body > 0):
+        raise UsageError("--timeout-headers and --timeout-body must be positive")
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be 0..65535, not {args.port}")
     model_path = resolve_model(args.model)  # fail fast on a bad -m, before listening
@@ -49,6 +53,11 @@ def _serve(args: argparse.Namespace) -> int:
         n_predict=args.n_predict,
         max_body=args.max_body,
         shutdown_timeout=float(args.shutdown_timeout),
+        timeout_headers=args.timeout_headers,
+        timeout_body=args.timeout_body,
+        max_connections=args.max_connections,
+        metrics=args.metrics,
+        allowed_hosts=tuple(h.strip() for h in (args.allowed_hosts or "").split(",") if h.strip()),
     )
     defaults = sampling_params(args, {})  # the model's defaults fill the rest later
     n_ctx = args.ctx_size or 4096 * args.parallel
@@ -85,7 +94,8 @@ def _serve(args: argparse.Namespace) -> int:
     where = f"http://{args.host}:{args.port}"
     print(f"llamacpy serve: listening on {where} (model {model_path.name}, "
           f"{args.parallel} slot(s), n_ctx {n_ctx})", file=sys.stderr, flush=True)  # fmt: skip
-    serve(state, log_level="info" if args.verbose else "warning", access_log=args.verbose)
+    serve(state, log_level="info" if args.verbose else "warning",
+          access_log=not args.log_disable)  # fmt: skip
     if state.load_error is not None:
         print(f"llamacpy serve: error: {state.load_error}", file=sys.stderr)
         return 1
@@ -125,12 +135,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cors-origins", default=None,
                    help="comma-separated origins allowed cross-origin ('*' for any; "
                    "default: none)")  # fmt: skip
+    p.add_argument("--allowed-hosts", default=None,
+                   help="comma-separated Host header names answered ('*' for any; default: "
+                   "localhost, 127.0.0.1 and ::1 on a loopback --host, else any)")  # fmt: skip
     p.add_argument("--timeout", type=float, default=600,
                    help="seconds a request may run (default: 600)")  # fmt: skip
     p.add_argument("--max-queue", type=int, default=64,
                    help="requests that may wait for a free slot; beyond: 429 (default: 64)")  # fmt: skip
     p.add_argument("--max-body", type=int, default=4 << 20,
                    help="largest request body in bytes; beyond: 413 (default: 4 MiB)")  # fmt: skip
+    p.add_argument("--timeout-headers", type=float, default=10.0,
+                   help="seconds a request line and headers may take to arrive; beyond: 408 "
+                   "and the connection is closed (default: 10)")  # fmt: skip
+    p.add_argument("--timeout-body", type=float, default=30.0,
+                   help="seconds a request body may take to arrive; beyond: 408 (default: 30)")  # fmt: skip
+    p.add_argument("--max-connections", type=int, default=100,
+                   help="open connections; beyond: 503 and closed (default: 100)")  # fmt: skip
     p.add_argument("--shutdown-timeout", type=float, default=10.0,
                    help="seconds in-flight requests may finish after SIGTERM (default: 10)")  # fmt: skip
     p.add_argument("--embedding", "--embeddings", action="store_true",
@@ -140,9 +160,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="embedding pooling (default: the model's)")  # fmt: skip
     p.add_argument("--chat-template", default=None,
                    help="'chatml', a template name stored in the model, or a Jinja template")  # fmt: skip
-    p.add_argument("--metrics", action="store_true", help="accepted for llama-server "
-                   "compatibility (/metrics is always on)")  # fmt: skip
-    p.add_argument("-v", "--verbose", action="store_true", help="log every request")
+    p.add_argument("--metrics", action="store_true",
+                   help="serve Prometheus metrics on /metrics (default: off, 501)")  # fmt: skip
+    p.add_argument("-v", "--verbose", action="store_true", help="log uvicorn's events too")
+    p.add_argument("--log-disable", action="store_true",
+                   help="no access log (default: one line per request on stderr: client, "
+                   "method, path, status, duration, tokens)")  # fmt: skip
     add_sampling_args(p)
     add_compat_args(p)
     p.set_defaults(func=_serve)

@@ -47,6 +47,17 @@ def pooling_name(value: str | int | None) -> str:
     return name
 
 
+def per_token_note(requested: str | int | None, model_default: int | None) -> str | None:
+    """A note when embeddings come out one vector per token only because the model (a
+    decoder) names no pooling and none was asked for."""
+    if pooling_name(requested) != "unspecified" or model_default not in (None, -1):
+        return None
+    return (
+        "the model names no pooling type (a decoder?): embeddings are one vector per "
+        "token; --pooling mean or last (pooling_type=1 or 3) gives one per text"
+    )
+
+
 def resolve_pooling(requested: str | int | None, model_default: int | None) -> str:
     """The pooling a context uses: the request unless unspecified, else the model's
     ``{arch}.pooling_type``, else ``none`` (llama.cpp's defaults)."""

@@ -21,9 +21,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from . import accesslog
 from .errors import APIError
+from .streaming import ClientGone
 
-PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/"})
+# as llama-server: health and the model list need no key (the list names the model only)
+PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/models", "/v1/models", "/"})
 
 
 @dataclass(frozen=True)
@@ -32,7 +35,9 @@ class ServerConfig:
 
     ``timeout``: seconds a request may run (then it ends with ``length``);
     ``max_body``: bytes a request body may have (413 beyond); ``shutdown_timeout``: seconds
-    in-flight work may go on after SIGTERM before it is cancelled.
+    in-flight work may go on after SIGTERM before it is cancelled; ``timeout_headers`` and
+    ``timeout_body``: seconds a request head and body may take to arrive (408 beyond);
+    ``max_connections``: open connections (503 beyond), see :mod:`.transport`.
     """
 
     host: str = "127.0.0.1"
@@ -44,6 +49,11 @@ class ServerConfig:
     n_predict: int = -1
     max_body: int = 4 << 20
     shutdown_timeout: float = 10.0
+    timeout_headers: float = 10.0
+    timeout_body: float = 30.0
+    max_connections: int = 100
+    metrics: bool = False
+    allowed_hosts: tuple[str, ...] = ()  # () = the loopback names when bound to loopback
 
     def __repr__(self) -> str:  # never show the keys (logs, tracebacks)
         keys = f"<{len(self.api_keys)} key(s)>"
@@ -138,6 +148,45 @@ class AuthMiddleware:
         return await self.app(scope, receive, send)
 
 
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+def allowed_hosts(cfg: ServerConfig) -> frozenset[str]:
+    """The ``Host`` names the server answers: ``cfg.allowed_hosts``, else the loopback names
+    on a loopback address (DNS rebinding), else any (``*``)."""
+    if cfg.allowed_hosts:
+        return frozenset(h.lower() for h in cfg.allowed_hosts)
+    if cfg.host in LOOPBACK_NAMES or cfg.host.startswith("127."):
+        return frozenset((*LOOPBACK_NAMES, cfg.host))
+    return frozenset({"*"})
+
+
+def host_name(value: str) -> str:
+    """``example.com:8080`` -> ``example.com``, ``[::1]:8080`` -> ``::1``."""
+    if value.startswith("["):
+        return value[1 : value.find("]")].lower() if "]" in value else value.lower()
+    return value.rsplit(":", 1)[0].lower() if value.count(":") == 1 else value.lower()
+
+
+class HostCheckMiddleware:
+    """403 unless the ``Host`` header names an allowed host: a web page whose name was
+    rebound to 127.0.0.1 cannot reach a loopback server."""
+
+    def __init__(self, app: ASGIApp, hosts: frozenset[str]) -> None:
+        self.app = app
+        self.hosts = hosts
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or "*" in self.hosts:
+            return await self.app(scope, receive, send)
+        host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
+        if host and host_name(host) not in self.hosts:  # browsers always send one
+            err = APIError(403, f"the Host header {host[:100]!r} is not allowed; allow it with "
+                           "--allowed-hosts")  # fmt: skip
+            return await err.response()(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
 class BodyLimitMiddleware:
     """413 at once when ``Content-Length`` announces more than ``limit`` bytes (bodies
     without a length are counted while they are read, see ``routes.read_body``)."""
@@ -172,6 +221,11 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return APIError(exc.status_code, msg).response()
 
 
+async def _client_gone(request: Request, exc: Exception) -> Response:
+    accesslog.note(request.scope, disconnected=True)
+    return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
+
+
 async def _server_error(request: Request, exc: Exception) -> Response:
     return Response(json.dumps(APIError(500, f"internal error: {type(exc).__name__}").body()),
                     status_code=500, media_type="application/json")  # fmt: skip
@@ -193,7 +247,8 @@ def create_app(state: ServerState) -> Starlette:
         if state.model is not None:
             state.model.stop(0.0)  # uvicorn has waited for in-flight requests already
 
-    middleware = []
+    middleware = [Middleware(accesslog.AccessLogMiddleware),
+                  Middleware(HostCheckMiddleware, hosts=allowed_hosts(cfg))]  # fmt: skip
     if cfg.cors_origins:
         middleware.append(Middleware(
             CORSMiddleware, allow_origins=list(cfg.cors_origins), allow_methods=["GET", "POST"],
@@ -207,6 +262,7 @@ def create_app(state: ServerState) -> Starlette:
         exception_handlers={
             APIError: _api_error,
             HTTPException: _http_error,
+            ClientGone: _client_gone,
             Exception: _server_error,
         },
         lifespan=lifespan,

@@ -118,8 +118,8 @@ class Shaper:
             out: dict[str, Any] = {
                 "index": 0, "content": ev.text,
                 "tokens": ev.tokens if self.return_tokens else [],
-                "stop": False, "id_slot": -1, "tokens_predicted": self.n_tokens,
-                "tokens_evaluated": 0,
+                "stop": False, "id_slot": ev.id_slot, "tokens_predicted": self.n_tokens,
+                "tokens_evaluated": ev.n_prompt,
             }  # fmt: skip
             if ev.probs:
                 out["completion_probabilities"] = ev.probs

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
@@ -25,7 +25,7 @@ from ..api.serving import (
     ServingModel,
 )
 from ..errors import LlamacpyError
-from . import metrics, webui
+from . import accesslog, metrics, webui
 from .app import ServerState
 from .errors import APIError, bad_request
 from .responses import Shaper, sse
@@ -40,15 +40,29 @@ def _state(request: Request) -> ServerState:
 async def read_body(request: Request) -> bytes:
     limit = _state(request).config.max_body
     chunks, n = [], 0
-    async for chunk in request.stream():
-        n += len(chunk)
-        if n > limit:
-            raise APIError(413, f"the request body is larger than {limit} bytes")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            n += len(chunk)
+            if n > limit:
+                raise APIError(413, f"the request body is larger than {limit} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ClientGone from None  # gone (or timed out) before its body was read
     return b"".join(chunks)
 
 
+def _is_json(content_type: str) -> bool:
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and
+                                           media.endswith("+json"))  # fmt: skip
+
+
 async def read_json(request: Request) -> dict[str, Any]:
+    """The JSON object of the body; 415 unless ``Content-Type`` says JSON (a web page can
+    POST text/plain or forms to any address without asking the server first)."""
+    if not _is_json(request.headers.get("content-type", "")):
+        raise APIError(415, "the request body must be JSON: send 'Content-Type: "
+                       "application/json'")  # fmt: skip
     return parse_json(await read_body(request))
 
 
@@ -143,7 +157,11 @@ async def slots(request: Request) -> Response:
 
 
 async def metrics_route(request: Request) -> Response:
-    m = _state(request).generator()
+    st = _state(request)
+    if not st.config.metrics:
+        raise APIError(501, "This server does not support metrics endpoint. Start it with "
+                       "`--metrics`")  # fmt: skip
+    m = st.generator()
     return PlainTextResponse(metrics.render(m.scheduler, m.ctx),
                              media_type="text/plain; version=0.0.4")  # fmt: skip
 
@@ -195,8 +213,20 @@ def _render(m: ServingModel, creq: CompletionRequest) -> str:
         raise bad_request(f"cannot apply the chat template: {e}") from None
 
 
+def _text_bias(m: ServingModel, creq: CompletionRequest) -> None:
+    """``logit_bias`` keys given as text: the bias goes to each of their tokens."""
+    pairs = creq.sampling.get("logit_bias")
+    if pairs and any(isinstance(t, str) for t, _ in pairs):
+        creq.sampling["logit_bias"] = tuple(
+            (tid, b) for t, b in pairs
+            for tid in (m.tokenize(t, add_special=False, parse_special=False)
+                        if isinstance(t, str) else [t])
+        )  # fmt: skip
+
+
 def _prepare(m: ServingModel, creq: CompletionRequest) -> tuple[list[int], str]:
     """Prompt tokens (checked) and the prompt text (echo and the native ``prompt`` field)."""
+    _text_bias(m, creq)
     if creq.kind == "chat":
         text = _render(m, creq)
         tokens = m.tokenize(text)
@@ -267,13 +297,11 @@ async def _completion(request: Request, kind: str) -> Response:
         m.abort(req)
 
     if creq.stream:
-        return EventStream(_stream(channel, shaper, abort), on_disconnect=abort)
-    try:
-        ev = await result_or_disconnect(channel, request.receive, abort)
-    except ClientGone:
-        return Response(status_code=204)
+        return EventStream(_stream(channel, shaper, abort, request.scope), on_disconnect=abort)
+    ev = await result_or_disconnect(channel, request.receive, abort)  # or ClientGone
     if isinstance(ev, Failure):
         raise _failure(ev)
+    accesslog.note(request.scope, prompt_tokens=ev.n_prompt, predicted_tokens=ev.n_predicted)
     return JSONResponse(shaper.result(ev))
 
 
@@ -282,7 +310,7 @@ def _failure(ev: Failure) -> APIError:
     return APIError(status, ev.message)
 
 
-async def _stream(channel: Channel, shaper: Shaper, abort: Any) -> AsyncIterator[bytes]:
+async def _stream(channel: Channel, shaper: Shaper, abort: Any, scope: Any) -> AsyncIterator[bytes]:
     finished = False
     try:
         for b in shaper.first():
@@ -291,6 +319,7 @@ async def _stream(channel: Channel, shaper: Shaper, abort: Any) -> AsyncIterator
             ev = await channel.get()
             if isinstance(ev, Final):
                 finished = True
+                accesslog.note(scope, prompt_tokens=ev.n_prompt, predicted_tokens=ev.n_predicted)
                 for b in shaper.last(ev):
                     yield b
                 return

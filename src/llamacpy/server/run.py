@@ -10,21 +10,28 @@ from typing import Any
 
 import uvicorn
 
+from . import accesslog
 from .app import ServerState, create_app
+from .transport import Limits, protocol_class
 
 
 def serve(state: ServerState, *, sock: socket.socket | None = None, log_level: str = "warning",
           access_log: bool = False, on_ready: Any = None) -> None:  # fmt: skip
     """Serve ``state`` until SIGTERM/SIGINT (or ``server.should_exit``); returns normally."""
     cfg = state.config
+    accesslog.configure(access_log)
+    limits = Limits(timeout_headers=cfg.timeout_headers, timeout_body=cfg.timeout_body,
+                    max_connections=cfg.max_connections)  # fmt: skip
     config = uvicorn.Config(
         create_app(state),
         host=cfg.host,
         port=cfg.port,
         log_level=log_level,
-        access_log=access_log,
+        access_log=False,  # llamacpy.access logs instead (no query strings)
         timeout_graceful_shutdown=cfg.shutdown_timeout,
         lifespan="on",
+        http=protocol_class(limits),
+        h11_max_incomplete_event_size=limits.max_head,
     )
     server = uvicorn.Server(config)
     if on_ready is not None:

@@ -156,7 +156,7 @@ def _range(name: str, v: Any, lo: Any, hi: Any) -> Any:
 
 # request field -> (SamplingParams field, kind, lo, hi); shared by every completion route
 SAMPLING_FIELDS: list[tuple[str, str, str, float | None, float | None]] = [
-    ("temperature", "temp", "float", 0.0, 100.0),
+    ("temperature", "temp", "float", None, 100.0),  # <= 0: greedy (llama-server)
     ("dynatemp_range", "dynatemp_range", "float", 0.0, 100.0),
     ("dynatemp_exponent", "dynatemp_exponent", "float", 0.0, 100.0),
     ("top_k", "top_k", "int", -1, 1 << 24),
@@ -222,9 +222,10 @@ def _stop(f: Fields) -> list[str]:
     return [s for s in items if s]
 
 
-def _logit_bias(v: Any, n_vocab: int) -> list[tuple[int, float]]:
+def _logit_bias(v: Any, n_vocab: int) -> list[tuple[int | str, float]]:
     """``{"token_id": bias}`` (OpenAI) or ``[[token_id, bias], ...]`` (llama-server); a bias
-    of ``false`` bans the token."""
+    of ``false`` bans the token. A key that is text, not a number, stays a string: every
+    token of its tokenization gets the bias (llama-server), see ``routes._prepare``."""
     pairs = list(v.items()) if isinstance(v, dict) else v
     if not isinstance(pairs, list):
         raise bad_request("'logit_bias' must be an object or an array of [token, bias] pairs")
@@ -239,7 +240,9 @@ def _logit_bias(v: Any, n_vocab: int) -> list[tuple[int, float]]:
             tid = int(t) if isinstance(t, str | int) and not isinstance(t, bool) else None
         except ValueError:
             tid = None
-        if tid is None or not 0 <= tid < n_vocab:
+        if tid is None and isinstance(t, str) and 0 < len(t) <= MAX_STOP_LEN:
+            tid = t  # text
+        elif tid is None or not 0 <= tid < n_vocab:
             raise bad_request(
                 f"'logit_bias': {t!r} is not a token id of the model (0..{n_vocab - 1})"
             )

@@ -12,6 +12,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from ..api.serving import Chunk, Failure, Final
+from . import accesslog
 
 
 class Channel:
@@ -101,4 +102,5 @@ class EventStream(StreamingResponse):
             gone = True
             tg.cancel_scope.cancel()
         if gone:
+            accesslog.note(scope, disconnected=True)
             self.on_disconnect()
