@@ -21,7 +21,7 @@ from ..errors import UsageError
 from ..models.common import lazy_zeros
 from .batch import UBatch
 from .kv_cache import N_KV_PAD, KVCache
-from .memory import Memory, Slots
+from .memory import Memory, Slots, state_parts
 
 
 def swa_cache_size(n_ctx: int, n_swa: int, n_seq_max: int, n_ubatch: int, full: bool) -> int:
@@ -138,15 +138,8 @@ class ISWACache(Memory):
         return out
 
     def set_state(self, state: dict[str, np.ndarray]) -> None:
-        parts = []
-        for name, c in (("base", self.base), ("swa", self.swa)):
-            sub = {k[len(name) + 1 :]: a for k, a in state.items() if k.startswith(name + ".")}
-            if not sub:
-                raise UsageError(
-                    f"the state has no {name!r} part: it was not saved from a model with "
-                    "sliding-window layers"
-                )
-            parts.append(c.check_state(sub))  # both checked before either changes
+        base, swa = state_parts(state, ("base", "swa"), "sliding-window layers")
+        parts = [self.base.check_state(base), self.swa.check_state(swa)]  # both before either
         self.base._load(parts[0])
         self.swa._load(parts[1])
 

@@ -26,13 +26,13 @@ The kinds:
   two parts, which the forward picks per layer (``L.swa``). A continuation of a cached
   sequence can keep only what the window part still holds (``n_keep``);
 
-The kinds this contract is shaped for next:
-
-* a recurrent state (hybrid and state-space models): one fixed-size row per sequence per
-  recurrent layer instead of cells; ``seq_cp`` copies the row, ``seq_rm`` of a sequence's
-  tail is refused unless it removes the whole sequence (as llama.cpp's recurrent memory),
-  ``seq_add`` / ``seq_div`` do nothing;
-* a hybrid memory combining both, each layer using the part its declaration names.
+* :class:`~.recurrent.RecurrentMemory` (llama.cpp's recurrent memory, for hybrid and
+  state-space models): one fixed-size convolution row and SSM row per sequence per
+  recurrent layer instead of cells; ``seq_cp`` copies the rows, ``seq_rm`` of a sequence's
+  tail returns False unless it removes the whole sequence, ``seq_add`` / ``seq_div`` move
+  only its last position; ``Slots.rows`` gives each token's state row;
+* :class:`~.recurrent.HybridMemory`: a KV cache for the attention layers and a recurrent
+  memory for the others (``seq_rm`` tried on the recurrent part first).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import UsageError
 from .batch import UBatch
 
 
@@ -61,6 +62,22 @@ class Slots:
     mask_swa: np.ndarray
     order: np.ndarray | None = None
     order_swa: np.ndarray | None = None
+    # int32 [n]: each token's state row in a recurrent memory (None: no recurrent part)
+    rows: np.ndarray | None = None
+
+
+def state_parts(state: dict[str, np.ndarray], names: tuple[str, ...], kind: str) -> list[dict]:
+    """A two-part memory's saved state split by the prefixes ``name.`` (a ``UsageError``
+    when a part is missing: the state was not saved from a model with ``kind``)."""
+    parts = []
+    for name in names:
+        sub = {k[len(name) + 1 :]: a for k, a in state.items() if k.startswith(name + ".")}
+        if not sub:
+            raise UsageError(
+                f"the state has no {name!r} part: it was not saved from a model with {kind}"
+            )
+        parts.append(sub)
+    return parts
 
 
 class Memory(ABC):

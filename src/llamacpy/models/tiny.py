@@ -313,3 +313,101 @@ def write_tiny_bert(
         vec(p + "layer_output_norm.weight", e, 1.0)
         vec(p + "layer_output_norm.bias", e, 0.0)
     w.write()
+
+
+# qwen35 (Qwen3.5 dense): Gated DeltaNet layers and every fourth layer gated full attention
+QWEN35_SHAPE = {
+    "n_embd": 256,
+    "n_layer": 4,
+    "n_ff": 512,
+    "n_head": 4,
+    "n_head_kv": 2,
+    "head_dim": 64,
+    "n_rot": 16,  # a quarter of the head (partial rotary factor 0.25)
+    "d_conv": 4,
+    "d_state": 32,  # head size of the delta rule's keys and values
+    "n_group": 2,  # key heads
+    "dt_rank": 4,  # value heads (tiled over the key heads as ggml broadcasts)
+    "n_vocab": 259,
+    "n_ctx": 256,
+}
+
+
+def write_tiny_qwen35(
+    path: str | os.PathLike[str], weight_type: GGMLType | int, seed: int = 0, **shape: int
+) -> None:
+    """Write a tiny random ``qwen35`` GGUF: layers 0-2 Gated DeltaNet (fused ``attn_qkv``, the
+    output gate ``attn_gate``, an F32 ``ssm_conv1d`` of 4 taps, ``ssm_a`` = -exp(A_log),
+    ``ssm_dt`` bias, ``ssm_alpha`` / ``ssm_beta``, the gated norm ``ssm_norm``, ``ssm_out``),
+    layer 3 full attention with its output gate in ``attn_q`` (query | gate per head) and Q/K
+    norms; every layer has a post-attention norm before its SwiGLU FFN."""
+    s = {**QWEN35_SHAPE, **shape}
+    a, t = "qwen35", GGMLType(weight_type)
+    w = GGUFWriter(path)
+    w.add("general.architecture", a)
+    w.add("general.name", f"tiny-random-{t.name.lower()}")
+    for key, name in (("context_length", "n_ctx"), ("embedding_length", "n_embd"),
+                      ("block_count", "n_layer"), ("feed_forward_length", "n_ff"),
+                      ("attention.head_count", "n_head"), ("attention.head_count_kv", "n_head_kv"),
+                      ("attention.key_length", "head_dim"), ("attention.value_length", "head_dim"),
+                      ("rope.dimension_count", "n_rot"), ("ssm.conv_kernel", "d_conv"),
+                      ("ssm.state_size", "d_state"), ("ssm.group_count", "n_group"),
+                      ("ssm.time_step_rank", "dt_rank")):  # fmt: skip
+        w.add(f"{a}.{key}", s[name], GGUFValueType.UINT32)
+    w.add(f"{a}.ssm.inner_size", s["d_state"] * s["dt_rank"], GGUFValueType.UINT32)
+    w.add(f"{a}.full_attention_interval", 4, GGUFValueType.UINT32)
+    w.add(f"{a}.rope.freq_base", 10000.0, GGUFValueType.FLOAT32)
+    w.add(f"{a}.attention.layer_norm_rms_epsilon", 1e-6, GGUFValueType.FLOAT32)
+    third = -(-s["n_rot"] // 6)  # rope pairs in thirds (Qwen3.5: 11, 11, 10 of 32)
+    sections = [third, third, s["n_rot"] // 2 - 2 * third, 0]
+    w.add(f"{a}.rope.dimension_sections", np.array(sections, np.int32))
+    _add_byte_vocab(w, s["n_vocab"])
+    rng = np.random.default_rng(seed)
+    _add_qwen35_tensors(w, rng, t, s)
+    w.write()
+
+
+def _add_qwen35_tensors(w, rng, t: GGMLType, s: dict) -> None:
+    e, v, hd = s["n_embd"], s["n_vocab"], s["head_dim"]
+    key_dim, value_dim = s["d_state"] * s["n_group"], s["d_state"] * s["dt_rank"]
+    conv_dim = 2 * key_dim + value_dim
+
+    def mat(name: str, nrows: int, ncols: int) -> None:
+        w.add_tensor(name, t, (ncols, nrows), random_tensor(rng, t, nrows, ncols))
+
+    def vec(name: str, x: np.ndarray, shape: tuple[int, ...] | None = None) -> None:
+        x = np.asarray(x, np.float32)
+        w.add_tensor(name, GGMLType.F32, shape or (x.size,), x.reshape(-1))
+
+    def norm(n: int = e) -> np.ndarray:
+        return 1.0 + _normal(rng, n)
+
+    mat("token_embd.weight", v, e)
+    for i in range(s["n_layer"]):
+        p = f"blk.{i}."
+        vec(p + "attn_norm.weight", norm())
+        if (i + 1) % 4:
+            mat(p + "attn_qkv.weight", conv_dim, e)
+            mat(p + "attn_gate.weight", value_dim, e)
+            # conv taps of std 0.5 (ggml: [d_conv, channels]), decays -exp(A_log) in [-2.7, -1]
+            vec(p + "ssm_conv1d.weight", 10.0 * _normal(rng, conv_dim * s["d_conv"]),
+                (s["d_conv"], conv_dim))  # fmt: skip
+            vec(p + "ssm_dt.bias", 10.0 * _normal(rng, s["dt_rank"]))
+            vec(p + "ssm_a", -np.exp(0.5 + 5.0 * _normal(rng, s["dt_rank"])))
+            mat(p + "ssm_beta.weight", s["dt_rank"], e)
+            mat(p + "ssm_alpha.weight", s["dt_rank"], e)
+            vec(p + "ssm_norm.weight", norm(s["d_state"]))
+            mat(p + "ssm_out.weight", e, value_dim)
+        else:
+            mat(p + "attn_q.weight", 2 * hd * s["n_head"], e)
+            mat(p + "attn_k.weight", hd * s["n_head_kv"], e)
+            mat(p + "attn_v.weight", hd * s["n_head_kv"], e)
+            vec(p + "attn_q_norm.weight", norm(hd))
+            vec(p + "attn_k_norm.weight", norm(hd))
+            mat(p + "attn_output.weight", e, hd * s["n_head"])
+        vec(p + "post_attention_norm.weight", norm())
+        mat(p + "ffn_gate.weight", s["n_ff"], e)
+        mat(p + "ffn_up.weight", s["n_ff"], e)
+        mat(p + "ffn_down.weight", e, s["n_ff"])
+    vec("output_norm.weight", norm())
+    mat("output.weight", v, e)
