@@ -48,10 +48,9 @@ def _beside(
         if i < len(prompt):
             b.add(prompt[i], i, seq, i == len(prompt) - 1)
     lg = ctx.decode(b)
-    first_is_other = len(other) < len(prompt) or (
-        len(other) == len(prompt)  # both last tokens in the last pair: other comes first
-    )
-    o, mine = (lg[0], lg[1]) if first_is_other else (lg[1], lg[0])
+    # the other's last token comes first unless its prompt is the longer one (in a tie both
+    # are in the last pair, the other's first)
+    o, mine = (lg[0], lg[1]) if len(other) <= len(prompt) else (lg[1], lg[0])
     out = [mine.copy()]
     for i in range(N_GEN):
         b = Batch()
