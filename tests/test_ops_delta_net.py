@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from llamacpy.models.delta_net_ref import conv1d_step, delta_rule_step
 from llamacpy.ops.delta_net import conv_tokens, delta_rule_tokens
@@ -22,14 +23,24 @@ def test_conv_tokens_equals_the_twin_token_by_token() -> None:
     for t, r in enumerate(rows):
         want[t] = conv1d_step(want_state[r], x[t], w)
     out = np.zeros((n, ch), _F32)
-    conv_tokens(x, rows, state, w, out)
+    conv_tokens(x, n, rows, state, w, out, 0, ch)
     np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6)
     np.testing.assert_array_equal(state, want_state)
+    # in place and by channel ranges, as the threads of the compiled stage run it
+    state2 = rng.standard_normal((seqs, ch, taps - 1)).astype(_F32)
+    want_state = state2.copy()
+    for t, r in enumerate(rows):
+        want[t] = conv1d_step(want_state[r], x[t], w)
+    for c0, c1 in ((0, 16), (16, ch)):
+        conv_tokens(x, n, rows, state2, w, x, c0, c1)
+    np.testing.assert_allclose(x, want, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(state2, want_state)
 
 
-def test_delta_rule_tokens_equals_the_twin_token_by_token() -> None:
+@pytest.mark.parametrize("s", [16, 128, 80])  # scalar; ggml's 4 x 16-lane path; both
+def test_delta_rule_tokens_equals_the_twin_token_by_token(s) -> None:
     rng = np.random.default_rng(1)
-    n, h_k, h_v, s, seqs = 6, 2, 4, 16, 2
+    n, h_k, h_v, seqs = 6, 2, 4, 2
     q = rng.standard_normal((n, h_k, s)).astype(_F32) / 4
     k = rng.standard_normal((n, h_k, s)).astype(_F32) / 4
     v = rng.standard_normal((n, h_v, s)).astype(_F32)

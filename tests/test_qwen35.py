@@ -11,10 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from llamacpy.engine import Context, ContextParams
 from llamacpy.engine.batch import Batch, split_batch
 from llamacpy.engine.recurrent import HybridMemory
-from llamacpy.gguf import GGMLType
+from llamacpy.errors import ModelError
+from llamacpy.gguf import GGMLType, GGUFReader, GGUFWriter
 from llamacpy.models.delta_net_ref import Qwen35Reference
+from llamacpy.models.reference import Reference
 from llamacpy.models.tiny import write_tiny_qwen35
 
 FIX = np.load(Path(__file__).parent / "fixtures" / "engine" / "qwen35_logits.npz")
@@ -83,3 +86,111 @@ def test_a_prompt_in_several_ubatches_continues_the_state(model) -> None:
     _decode(ref, mem, TOKENS[7:12], 7)
     last = _decode(ref, mem, TOKENS[12:], 12)
     _close(name, last, FIX[f"{name}.logits"][-1:])
+
+
+# ----------------------------------------------------------------------------- the engine
+# The architecture module (models/qwen35.py) through Context: its compiled stages
+# (Gated DeltaNet, gated attention) and the hybrid memory, against llama.cpp's logits.
+
+
+@pytest.fixture(scope="module", params=["F32", "Q8_0"])
+def gguf(request, tmp_path_factory):
+    t = GGMLType[request.param]
+    path = tmp_path_factory.mktemp("qwen35_engine") / f"qwen35_{t.name}.gguf"
+    write_tiny_qwen35(path, t, seed=SEED)
+    return t.name, path
+
+
+def _ctx(path, **kw) -> Context:
+    return Context(path, ContextParams(**{"n_ctx": 64, "n_threads": 2, **kw}))
+
+
+def _engine_close(name, got, want):
+    if name == "Q8_0":  # measured: bit-identical to llama.cpp
+        np.testing.assert_array_equal(got, want)
+    else:
+        _close(name, got, want)
+
+
+@pytest.mark.parametrize(("n_ubatch", "n_threads"), [(512, 2), (7, 1), (1, 2), (3, 2)])
+def test_engine_prompt_logits_match_llama_cpp(gguf, n_ubatch, n_threads) -> None:
+    name, path = gguf
+    ctx = _ctx(path, n_ubatch=n_ubatch, n_threads=n_threads)
+    got = ctx.decode(Batch.from_tokens(TOKENS, logits="all"))
+    _engine_close(name, got, FIX[f"{name}.logits"])
+
+
+def test_engine_greedy_decode_matches_llama_cpp(gguf) -> None:
+    name, path = gguf
+    ctx = _ctx(path)
+    steps, greedy = FIX[f"{name}.steps"], FIX[f"{name}.greedy"].tolist()
+    logits = ctx.decode(Batch.from_tokens(PROMPT))
+    out = []
+    for k in range(len(greedy)):
+        _engine_close(name, logits, steps[k][None])
+        out.append(int(logits[0].argmax()))
+        logits = ctx.decode(Batch.from_tokens([out[-1]], pos0=len(PROMPT) + k))
+    assert out == greedy
+    for (seq, p0, p1), want in zip(FIX["seq_rm_args"].tolist(), FIX[f"{name}.seq_rm"].tolist()):
+        assert ctx.seq_rm(seq, p0, p1) is bool(want)
+
+
+def test_engine_sequences_interleaved_in_a_ubatch_keep_their_own_state(gguf) -> None:
+    """Two sequences decoded together (tokens interleaved, each its own state row) give
+    each one's logits alone, and a copied state continues as the original (deterministic
+    contexts: attention in order of position, so the cells' places do not matter)."""
+    _name, path = gguf
+    a, b = TOKENS[:9], TOKENS[5:16]
+    alone = []
+    for toks in (a, b):
+        ctx = _ctx(path, n_seq_max=2, deterministic=True)
+        alone.append(ctx.decode(Batch.from_tokens(toks, logits="all")))
+    ctx = _ctx(path, n_seq_max=2, n_ubatch=8, deterministic=True)
+    batch = Batch()
+    for i in range(max(len(a), len(b))):
+        for s, toks in enumerate((a, b)):
+            if i < len(toks):
+                batch.add(toks[i], i, s, logits=True)
+    got = ctx.decode(batch)
+    seq = np.array([s for i in range(len(b)) for s in (0, 1) if i < (len(a), len(b))[s]])
+    for s in (0, 1):
+        np.testing.assert_array_equal(got[seq == s], alone[s])
+    ctx.seq_rm(0, -1, -1)
+    ctx.seq_cp(1, 0)
+    step = [ctx.decode(Batch.from_tokens([7], pos0=len(b), seq_id=s)) for s in (0, 1)]
+    np.testing.assert_array_equal(step[0], step[1])
+
+
+def test_compiled_stages_match_the_reference(gguf, monkeypatch) -> None:
+    """The compiled forward against models/reference.py's stage functions (the Branch
+    picks the Gated DeltaNet or the gated attention stages per layer), ubatch by ubatch."""
+    name, path = gguf
+    ctx = _ctx(path, n_ubatch=5)
+    ref, compiled, worst = Reference(ctx.model), ctx.model.forward, []
+
+    def both(ws, ub, kv, n_threads, deterministic=False):
+        mine = tuple(a.copy() for a in kv[:4])
+        want = ref.forward(ub, (*mine, kv[4]), n_threads)
+        got = compiled(ws, ub, kv, n_threads, deterministic)
+        worst.append(np.abs(got - want).max() / np.abs(want).max())
+        return got
+
+    monkeypatch.setattr(ctx.model, "forward", both)
+    ctx.decode(Batch.from_tokens(TOKENS[:12], logits="all"))
+    ctx.decode(Batch.from_tokens([3], pos0=12))
+    assert max(worst) < RTOL[name], worst
+
+
+def test_a_layer_missing_its_kind_of_tensor_is_named(tmp_path) -> None:
+    src, dst = tmp_path / "full.gguf", tmp_path / "broken.gguf"
+    write_tiny_qwen35(src, GGMLType.F32, seed=SEED)
+    r = GGUFReader(src)
+    w = GGUFWriter(dst)
+    for f in r.fields.values():
+        w.add_field(f)
+    for t in r.tensors:
+        if t.name != "blk.1.ssm_out.weight":
+            w.add_tensor_info(t)
+    w.write()
+    with pytest.raises(ModelError, match=r"blk\.1\.ssm_out\.weight.*layer 1 is a Gated DeltaNet"):
+        _ctx(dst)

@@ -29,6 +29,7 @@ from .iswa import ISWACache
 from .kv_cache import KVCache
 from .memory import Memory
 from .params import ContextParams, physical_cores, setup_threads
+from .recurrent import HybridMemory
 
 MODE_ROWS, MODE_TILED, MODE_SPLIT = 0, 1, 2
 _TILED_MIN_TOKENS = 64  # ggml's flash-attention Q tile: ubatches this large use the tiled path
@@ -74,10 +75,17 @@ class Context:
         self.load_time = time.perf_counter() - t0
 
     def _memory(self, model) -> Memory:
-        """The model's memory: an :class:`ISWACache` when it has sliding-window layers,
-        else the unified :class:`KVCache`."""
+        """The model's memory: a :class:`HybridMemory` when it has recurrent layers, an
+        :class:`ISWACache` when it has sliding-window layers, else the unified
+        :class:`KVCache`."""
         hp, p = model.hparams, self.params
         kw = dict(type_k=p.type_k, type_v=p.type_v, n_seq_max=p.n_seq_max)
+        recurrent = getattr(model, "layer_rec", ())
+        if any(recurrent):
+            return HybridMemory(
+                recurrent, hp.n_head_kv, hp.n_embd_head_k, self.n_ctx, *model.state_sizes(),
+                zeros=model.backend.zeros, **kw,
+            )  # fmt: skip
         n_swa = getattr(model, "n_swa", 0)
         if n_swa > 0:
             return ISWACache(
@@ -138,10 +146,12 @@ class Context:
 
     def _undo(self, batch: Batch) -> None:
         """A decode that failed (or was interrupted) leaves the cache as before it: each
-        sequence loses the positions the batch brought (they were all past its end)."""
+        sequence loses the positions the batch brought (they were all past its end). A
+        recurrent state cannot give them back: such a sequence is forgotten whole."""
         seq, pos = batch.seq_id.reshape(-1), np.repeat(batch.pos, batch.seq_id.shape[1])
         for s in np.unique(seq[seq >= 0]).tolist():
-            self.kv.seq_rm(s, int(pos[seq == s].min()), -1)
+            if not self.kv.seq_rm(s, int(pos[seq == s].min()), -1):
+                self.kv.seq_rm(s, -1, -1)
 
     def _forward(self, ub: UBatch) -> np.ndarray:
         kv = self.kv
@@ -152,6 +162,7 @@ class Context:
             ub.token, ub.pos, sl.cells, sl.mask, sl.n_kv, ub.out_idx,
             sl.cells_swa, sl.mask_swa, sl.n_kv_swa,
             self._mode(n, sl.n_kv), self._mode(n, sl.n_kv_swa), sl.order, sl.order_swa,
+            sl.rows,
         )  # fmt: skip
         det = self.params.deterministic
         return self.model.forward(self.ws, arrays, kv.forward_arrays(), nth, det)

@@ -117,6 +117,8 @@ class UBatchArrays:
     # int32 [n_kv]: the order MODE_ROWS attends the cells in (None: cell order)
     order: np.ndarray | None = None
     order_swa: np.ndarray | None = None
+    # int32 [n]: each token's state row in a hybrid memory's recurrent part (None: none)
+    rows: np.ndarray | None = None
 
 
 def lazy_zeros(shape, dtype) -> np.ndarray:

@@ -49,6 +49,7 @@ from numba.extending import intrinsic
 
 from .. import kernel_cache
 from . import stages
+from .spec import Branch, stage_names
 
 _TEMPLATE = '''\
 """The worker of the compiled forward of a decoder whose block is {names}.
@@ -157,15 +158,35 @@ class Forward:
 _FORWARDS: dict[tuple[str, ...], object] = {}
 
 
-def source(block: tuple[str, ...]) -> str:
-    """The module text of the forward of ``block``."""
-    for name in block:
+def source(block: tuple) -> str:
+    """The module text of the forward of ``block`` (stage names and :class:`.spec.Branch`
+    elements: an ``if`` on a layer-table flag)."""
+    names = stage_names(block)
+    for name in names:
         fn = getattr(stages, name, None)
         if not name.isidentifier() or name.startswith("_") or not callable(fn):
             raise ValueError(f"unknown stage {name!r} (llamacpy.models.stages has none)")
-    uniq = sorted(set(block))
-    calls = "\n".join(f"        clk = {name}(c, L, clk)" for name in block)
-    return _TEMPLATE.format(names=", ".join(block), imports=", ".join(uniq), calls=calls)
+    lines = []
+    for el in block:
+        if not isinstance(el, Branch):
+            lines.append(f"        clk = {el}(c, L, clk)")
+            continue
+        if el.flag not in stages.LAYER_DTYPE.names:
+            raise ValueError(f"unknown layer flag {el.flag!r} (stages.LAYER_DTYPE has none)")
+        lines.append(f"        if L.{el.flag} != 0:")
+        lines += [f"            clk = {name}(c, L, clk)" for name in el.then]
+        lines += ["            pass"] if not el.then else []
+        if el.otherwise:
+            lines.append("        else:")
+            lines += [f"            clk = {name}(c, L, clk)" for name in el.otherwise]
+    shown = ", ".join(
+        f"[if {el.flag}: {', '.join(el.then)} else: {', '.join(el.otherwise)}]"
+        if isinstance(el, Branch)
+        else el
+        for el in block
+    )
+    uniq = sorted(set(names))
+    return _TEMPLATE.format(names=shown, imports=", ".join(uniq), calls="\n".join(lines))
 
 
 def _directories() -> tuple[Path, ...]:

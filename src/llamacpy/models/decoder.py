@@ -100,6 +100,7 @@ class Decoder:
     unsupported: ClassVar[tuple[str, ...]] = ()  # tensor name endings of variants refused
     block: ClassVar[tuple[str, ...]] = LLAMA_BLOCK
     rope_neox: ClassVar[bool] = False
+    partial_rope: ClassVar[bool] = False  # rope may rotate only the first n_rot dimensions
     # mixture of experts (models/moe.py): the selected experts' router probabilities are
     # divided by their sum (llama.cpp's norm_w), then multiplied by the scale (0: none)
     expert_weights_norm: ClassVar[bool] = False
@@ -121,6 +122,10 @@ class Decoder:
     def swa_layers(self, md: Mapping[str, Any]) -> tuple[bool, ...]:
         """Per layer: attends through the sliding window (``n_swa``)."""
         return (False,) * self.hparams.n_layer
+
+    def layer_recurrent(self, il: int) -> bool:
+        """Whether layer ``il`` is recurrent (a state per sequence instead of KV cells)."""
+        return False
 
     def layer_rope(self, il: int) -> bool:
         """Whether layer ``il`` rotates its queries and keys."""
@@ -155,10 +160,14 @@ class Decoder:
         hp = cls.derived(read_hparams(cls.arch, md, shapes, cls.params))
         check_tensors(cls.arch, hp, cls.tensors, shapes, cls.unsupported)
         d = hp.n_embd_head_k
-        if d != hp.n_embd_head_v or d != hp.n_rot:
+        rot_ok = 0 < hp.n_rot <= d and hp.n_rot % 2 == 0 if cls.partial_rope else hp.n_rot == d
+        if d != hp.n_embd_head_v or not rot_ok:
             raise ModelError(
                 f"{cls.arch} needs head size == value size == rope dims, got {d}, "
                 f"{hp.n_embd_head_v}, {hp.n_rot}"
+                if not cls.partial_rope
+                else f"{cls.arch} needs head size == value size >= rope dims (even), got "
+                f"{d}, {hp.n_embd_head_v}, {hp.n_rot}"
             )
         if d % 16 or hp.n_embd % 16 or hp.n_ff % 16:
             raise ModelError(
@@ -219,6 +228,7 @@ class Decoder:
         swa = self.swa_layers(md)
         self.n_swa = hparams.n_swa if any(swa) else 0
         self.layer_swa = swa
+        self.layer_rec = tuple(self.layer_recurrent(il) for il in range(hparams.n_layer))
         self.rope_swa = self.rope_swa_params(md, rope)
         self.backend = be
         self.forward_kernel = be.forward_kernel(self.block)
@@ -238,11 +248,14 @@ class Decoder:
             for need, fields in NEEDS.items():
                 row[need] = _need(b, fields)
             row["swa"] = int(self.layer_swa[il])
+            row["recurrent"] = int(self.layer_rec[il])
             row["rope"] = int(self.layer_rope(il))
             row["index"] = il
-            # the layer's place among the layers of its kind: its layer in the cache that
-            # holds that kind (engine.iswa: global and sliding-window layers apart)
-            row["kv_index"] = sum(s == self.layer_swa[il] for s in self.layer_swa[:il])
+            # the layer's place among the layers of its kind: its layer in the memory that
+            # holds that kind (engine.iswa: global and sliding-window layers apart;
+            # engine.recurrent: attention and recurrent layers apart)
+            kinds = list(zip(self.layer_swa, self.layer_rec, strict=True))
+            row["kv_index"] = kinds[:il].count(kinds[il])
             row["last"] = int(il == hp.n_layer - 1)
         self.layer_table = lt
         kq_scale, q_scale = self.attention_scales()
@@ -252,7 +265,8 @@ class Decoder:
             hp.n_layer, hp.n_rot, self.token_embd.index, self.output.index,
             self.output_norm.offset, act_need([self.output.type]), hp.extra.get("n_expert", 0),
             hp.extra.get("n_expert_used", 0), hp.extra.get("n_ff_exp", 0),
-            int(self.expert_weights_norm), hp.norm_rms_eps, kq_scale, q_scale,
+            int(self.expert_weights_norm), *(hp.extra.get(k, 0) for k in SSM_KEYS),
+            hp.norm_rms_eps, kq_scale, q_scale,
             self.embd_scale(), self.logit_softcap(), self.expert_weights_scale,
         )  # fmt: skip
         self.model_row = m
@@ -300,6 +314,8 @@ class Decoder:
         cells_swa = ub.cells_swa if win else ub.cells
         mask_swa = ub.mask_swa if win else ub.mask
         n_kv_swa, mode_swa = (ub.n_kv_swa, ub.mode_swa) if win else (ub.n_kv, ub.mode)
+        if ub.rows is not None:  # a hybrid memory: the second part holds the states, by row
+            cells_swa = ub.rows
         info = np.array([len(ub.tokens), ub.n_kv, ub.mode, n_out, n_kv_swa, mode_swa], np.int64)
         order = _NO_ORDER if ub.order is None else ub.order
         order_swa = order if not win else _NO_ORDER if ub.order_swa is None else ub.order_swa
@@ -324,12 +340,14 @@ class Decoder:
 
 
 _NO_ORDER = np.zeros(0, np.int32)  # attend cells in cell order
+# The Gated DeltaNet sizes of the model row (hp.extra; 0: no recurrent layers)
+SSM_KEYS = ("ssm_d_conv", "ssm_d_state", "ssm_n_group", "ssm_dt_rank", "ssm_d_inner")
 
 # The activation kinds each input of a layer is quantized to: those of the matrices that
 # read it (the layer table's need_* fields).
 NEEDS = {
-    "need_qkv": ("attn_q", "attn_k", "attn_v"),
-    "need_out": ("attn_output",),
+    "need_qkv": ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha"),
+    "need_out": ("attn_output", "ssm_out"),
     "need_ffn": ("ffn_gate", "ffn_up", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps"),
     "need_down": ("ffn_down", "ffn_down_exps"),
 }
@@ -370,8 +388,8 @@ def _read(decls, mf: GGUFModelFile, store: WeightStore, source: TensorSource, hp
         info = mf.tensor(name)
         if d.raw:
             out[d.field] = _raw_f32(source, info, shape_of(hp, d))
-        elif len(d.shape) == 1:
-            out[d.field] = store.vector(info)
+        elif len(d.shape) == 1 or d.flat:
+            out[d.field] = store.vector(info, flat=d.flat)
         elif len(d.shape) == 3:
             out[d.field] = store.experts(info)
         else:
@@ -392,20 +410,27 @@ class Workspace:
     def __init__(self, hp: HParams, n_tokens: int, n_threads: int) -> None:
         e, f, d = hp.n_embd, max(hp.n_ff, hp.extra.get("n_ff_exp", 0)), hp.n_embd_head_k
         qd, kvd = hp.n_head * d, hp.n_head_kv * d
-        kmax = max(e, f, qd)
+        # gated attention (qwen35): attn_q gives a gate per query (kept in G); Gated
+        # DeltaNet layers: channels in Q, the gate z in U, outputs in ATT (stages.delta_net_*)
+        gate = qd if hp.extra.get("attn_output_gate") else 0
+        inner = hp.extra.get("ssm_d_inner", 0)
+        channels = inner + 2 * hp.extra.get("ssm_n_group", 0) * hp.extra.get("ssm_d_state", 0)
+        d = max(d, hp.extra.get("ssm_d_state", 0))  # (per-thread rows: normed q, k)
+        kmax = max(e, f, qd, inner)
         # mixture of experts: a row per (token, selected expert) for the expert FFN
         n_used = max(1, hp.extra.get("n_expert_used", 0))
         z = lazy_zeros
         self.n_tokens, self.n_threads = n_tokens, n_threads
         self.x = z((n_tokens, e), np.float32)
         self.xn = z((n_tokens, kmax), np.float32)
-        self.q = z((n_tokens, qd), np.float32)
+        self.q = z((n_tokens, max(qd + gate, channels)), np.float32)
         self.k = z((n_tokens, _pad16(kvd)), np.float32)
         self.v = z((n_tokens, _pad16(kvd)), np.float32)
-        self.att = z((n_tokens, qd), np.float32)
-        self.g = z((n_tokens * n_used, _pad16(f)), np.float32)
-        self.u = z((n_tokens * n_used, _pad16(f)), np.float32)
-        self.router = z((n_tokens, _pad16(max(1, hp.extra.get("n_expert", 0)))), np.float32)
+        self.att = z((n_tokens, max(qd, inner)), np.float32)
+        self.g = z((n_tokens * n_used, _pad16(max(f, gate))), np.float32)
+        self.u = z((n_tokens * n_used, _pad16(max(f, inner))), np.float32)
+        n_router = max(1, hp.extra.get("n_expert", 0), hp.extra.get("ssm_dt_rank", 0))
+        self.router = z((n_tokens, _pad16(n_router)), np.float32)
         self.selected = z((n_tokens, n_used), np.int64)  # experts of each token, best first
         self.weights = z((n_tokens, n_used), np.float32)  # and their weights
         moe = hp.extra.get("n_expert_used", 0) > 0

@@ -31,7 +31,7 @@ import numpy as np
 
 from ..errors import ModelError
 from ..gguf import GGUFReader
-from ..ops.activations import exp_ggml_numpy, swiglu_numpy
+from ..ops.activations import silu_numpy, swiglu_numpy
 from ..ops.attention_ref import attention_numpy, load_rows_numpy, store_row_numpy
 from ..ops.matmul import matmul_numpy
 from ..ops.norm import rms_norm_numpy
@@ -40,11 +40,6 @@ from ..quants import dequantize
 
 _F32 = np.float32
 ARCH = "qwen35"
-
-
-def silu_numpy(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, _F32)
-    return (x / (_F32(1.0) + exp_ggml_numpy(_F32(0.0) - x))).astype(_F32)
 
 
 def sigmoid_numpy(x: np.ndarray) -> np.ndarray:

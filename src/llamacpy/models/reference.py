@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..ops.activations import geglu_numpy, swiglu_numpy
+from ..ops.activations import geglu_numpy, silu_numpy, swiglu_numpy
 from ..ops.attention_ref import attention_numpy, load_rows_numpy, store_row_numpy
 from ..ops.dequant import dequantize_repacked_numpy
 from ..ops.matmul import block_mins, matmul_numpy
@@ -27,6 +27,14 @@ from ..ops.norm import rms_norm_numpy
 from ..ops.rope import rope_numpy
 from .common import UBatchArrays
 from .decoder import Decoder
+from .delta_net_ref import (
+    conv1d_step,
+    delta_rule_step,
+    l2_norm_numpy,
+    sigmoid_numpy,
+    softplus_numpy,
+)
+from .spec import Branch, stage_names
 
 _F32 = np.float32
 
@@ -63,6 +71,12 @@ class Pass:
     g: np.ndarray | None = None  # [rows, n_ff] gated FFN activation
     sel: np.ndarray | None = None  # [rows, n_expert_used] experts of each row, best first
     wts: np.ndarray | None = None  # [rows, n_expert_used] their weights
+    gate: np.ndarray | None = None  # [n, ...] an output gate (attention's; DeltaNet's z)
+    # Gated DeltaNet: beta and decay [n, H_v]; the recurrent part of a hybrid memory (conv
+    # rows [layers, sequences, floats], delta-rule rows likewise) and each token's row
+    beta: np.ndarray | None = None
+    decay: np.ndarray | None = None
+    states: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
 
 class Reference:
@@ -117,14 +131,19 @@ class Reference:
         hk = int(M["n_head_kv"])  # flat caches -> [layer, head, cell]
         glob = Part(kc.reshape(-1, hk, n_ctx, rowb), vc.reshape(-1, hk, n_ctx, rowb),
                     ub.cells, ub.mask, ub.n_kv, ub.mode, ub.order)  # fmt: skip
-        win = glob
-        if ub.cells_swa is not None:
+        win, states = glob, None
+        if ub.rows is not None:  # a hybrid memory: the second pair holds the states
+            n_rec, n_seq, conv_size, ssm_size = (int(v) for v in info[5:9])
+            states = (kcs.view(_F32).reshape(n_rec, n_seq, conv_size),
+                      vcs.view(_F32).reshape(n_rec, n_seq, ssm_size), ub.rows)  # fmt: skip
+        elif ub.cells_swa is not None:
             win = Part(kcs.reshape(-1, hk, n_ctx_swa, rowb), vcs.reshape(-1, hk, n_ctx_swa, rowb),
                        ub.cells_swa, ub.mask_swa, ub.n_kv_swa, ub.mode_swa,
                        ub.order_swa)  # fmt: skip
         p = Pass(
             ub, n_threads, (glob, win), k_type, v_type,
             np.asarray(model.rope_factors(n_ctx), _F32), embed(self, ub.tokens),
+            states=states,
         )  # fmt: skip
         for L in model.layer_table[: M["n_layer"]]:
             for fn in self.stages:
@@ -132,15 +151,26 @@ class Reference:
         return head(self, p)
 
 
-def stage_functions(block: tuple[str, ...]) -> list[Callable]:
-    """The reference function of each stage name of ``block``."""
-    unknown = [name for name in block if name not in STAGES]
+def stage_functions(block: tuple) -> list[Callable]:
+    """The reference function of each element of ``block`` (a :class:`.spec.Branch`: one
+    function running its ``then`` or ``otherwise`` stages by the layer's flag)."""
+    unknown = [name for name in stage_names(block) if name not in STAGES]
     if unknown:
         raise ValueError(
             f"unknown stage {unknown[0]!r}: the numpy reference has no function for it "
             f"(known: {', '.join(sorted(STAGES))})"
         )
-    return [STAGES[name] for name in block]
+    return [_branch(el) if isinstance(el, Branch) else STAGES[el] for el in block]
+
+
+def _branch(el: Branch) -> Callable:
+    then, otherwise = [STAGES[n] for n in el.then], [STAGES[n] for n in el.otherwise]
+
+    def run(r: Reference, p: Pass, L) -> None:
+        for fn in then if L[el.flag] != 0 else otherwise:
+            fn(r, p, L)
+
+    return run
 
 
 def _heads(a: np.ndarray, d: int) -> np.ndarray:
@@ -310,6 +340,74 @@ def ffn_moe(r: Reference, p: Pass, L) -> None:
     p.x = (acc + p.x).astype(_F32)
 
 
+# ----------------------------------------------------------------------------- gated attention
+def q_gate(r: Reference, p: Pass, L) -> None:
+    """``attn_q``'s rows per head are the query, then its output gate: apart."""
+    d = int(r.M["head_dim"])
+    qg = p.q.reshape(len(p.q), -1, 2 * d)
+    p.q, p.gate = (qg[:, :, :d].reshape(len(p.q), -1), qg[:, :, d:].reshape(len(p.q), -1))
+
+
+def attn_gate(r: Reference, p: Pass, L) -> None:
+    """``att *= sigmoid(gate)``."""
+    p.att = (p.att * sigmoid_numpy(p.gate)).astype(_F32)
+
+
+# ----------------------------------------------------------------------------- Gated DeltaNet
+def _ssm(r: Reference) -> tuple[int, int, int, int, int, int]:
+    """(conv taps, key head size, key heads, value heads, value head size, channels)."""
+    M = r.M
+    d_conv, sk, hk, hv = (int(M[k]) for k in ("ssm_d_conv", "ssm_d_state", "ssm_n_group",
+                                               "ssm_dt_rank"))  # fmt: skip
+    sv = int(M["ssm_d_inner"]) // hv
+    return d_conv, sk, hk, hv, sv, hv * sv + 2 * hk * sk
+
+
+def delta_net_in(r: Reference, p: Pass, L) -> None:
+    """The channels ``h . attn_qkv`` (in ``q``), ``z = h . attn_gate``, ``h . ssm_beta``,
+    ``h . ssm_alpha`` (in ``decay`` until the next stage)."""
+    p.q, p.gate = r.mm(L["attn_qkv"], p.h), r.mm(L["attn_gate"], p.h)
+    p.beta, p.decay = r.mm(L["ssm_beta"], p.h), r.mm(L["ssm_alpha"], p.h)
+
+
+def delta_net_conv(r: Reference, p: Pass, L) -> None:
+    """Causal convolution over each token's state row, SiLU; ``beta = sigmoid(beta)``,
+    ``g = softplus(alpha + ssm_dt) * ssm_a``."""
+    d_conv, _sk, _hk, hv, _sv, ch = _ssm(r)
+    conv, _ssm_rows, rows = p.states
+    w = r.vec(L["ssm_conv1d"], ch * d_conv).reshape(ch, d_conv)
+    out = np.zeros((len(p.q), ch), _F32)
+    for t, row in enumerate(rows):
+        state = conv[int(L["kv_index"]), row].reshape(ch, d_conv - 1)
+        out[t] = conv1d_step(state, p.q[t, :ch], w)
+    p.q = silu_numpy(out)
+    p.beta = sigmoid_numpy(p.beta)
+    alpha = p.decay + r.vec(L["ssm_dt_bias"], hv)
+    p.decay = (softplus_numpy(alpha) * r.vec(L["ssm_a"], hv)).astype(_F32)
+
+
+def delta_net_rule(r: Reference, p: Pass, L) -> None:
+    """Per token: q, k L2-normed per key head, the gated delta rule on the token's state
+    row, then ``rms_norm(o) * ssm_norm * silu(z)`` per value head."""
+    _d, sk, hk, hv, sv, _ch = _ssm(r)
+    _conv, ssm, rows = p.states
+    eps, kd = r.M["eps"], hk * sk
+    out = np.zeros((len(p.q), hv, sv), _F32)
+    for t, row in enumerate(rows):
+        c = p.q[t]
+        q = l2_norm_numpy(c[:kd].reshape(hk, sk), eps)
+        k = l2_norm_numpy(c[kd : 2 * kd].reshape(hk, sk), eps)
+        S = ssm[int(L["kv_index"]), row].reshape(hv, sv, sk)
+        out[t] = delta_rule_step(S, q, k, c[2 * kd :].reshape(hv, sv), p.decay[t], p.beta[t])
+    o = r.norm(out, L["ssm_norm"]) * silu_numpy(p.gate.reshape(len(p.q), hv, sv))
+    p.att = o.reshape(len(p.q), -1).astype(_F32)
+
+
+def delta_net_out(r: Reference, p: Pass, L) -> None:
+    """``x += o . ssm_out``."""
+    p.x = p.x + r.mm(L["ssm_out"], p.att)
+
+
 Stage = Callable[[Reference, Pass, np.void], None]
 # stage name (as in an architecture's block) -> its numpy function
 STAGES: dict[str, Stage] = {
@@ -333,5 +431,11 @@ STAGES: dict[str, Stage] = {
         ffn_down_post_norm,
         ffn_router,
         ffn_moe,
+        q_gate,
+        attn_gate,
+        delta_net_in,
+        delta_net_conv,
+        delta_net_rule,
+        delta_net_out,
     )
 }

@@ -57,16 +57,18 @@ class Param:
 class Tensor:
     """A tensor: GGUF name (``{i}``: per layer), shape in hyper-parameter names, whether the
     file may omit it, and whether it is read as a plain F32 array (``raw``: rope factors)
-    instead of going to the weight store."""
+    instead of going to the weight store, or stored flat with the float vectors (``flat``)."""
 
     name: str
     shape: tuple[str | int, ...]
     optional: bool = False
     raw: bool = False
+    flat: bool = False  # an F32 tensor of any shape kept as a float vector (conv taps)
+    as_field: str = ""  # the attribute it is loaded into, when not the one its name gives
 
     @property
     def field(self) -> str:
-        return field_name(self.name)
+        return self.as_field or field_name(self.name)
 
     @property
     def per_layer(self) -> bool:
@@ -87,6 +89,29 @@ class Fused:
     @property
     def per_layer(self) -> bool:
         return "{i}" in self.name
+
+
+@dataclass(frozen=True)
+class Branch:
+    """An element of a block that runs ``then`` in the layers whose layer-table ``flag`` is
+    set and ``otherwise`` in the others (a hybrid model's recurrent and attention layers);
+    every worker takes the same branch, so the stages' barriers still meet."""
+
+    flag: str
+    then: tuple[str, ...]
+    otherwise: tuple[str, ...] = ()
+
+    @property
+    def stages(self) -> tuple[str, ...]:
+        return self.then + self.otherwise
+
+
+def stage_names(block) -> tuple[str, ...]:
+    """Every stage name a block runs (those inside its branches too), in block order."""
+    out: list[str] = []
+    for el in block:
+        out += el.stages if isinstance(el, Branch) else [el]
+    return tuple(out)
 
 
 def field_name(name: str) -> str:

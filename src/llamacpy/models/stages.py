@@ -32,7 +32,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ..ops.activations import geglu, swiglu
+from ..ops.activations import geglu, mul_silu, silu, swiglu
 from ..ops.attention import (
     attention_rows,
     attention_split_merge,
@@ -40,6 +40,7 @@ from ..ops.attention import (
     attention_tiled,
     store_row,
 )
+from ..ops.delta_net import conv_tokens, delta_rule_head, l2_norm
 from ..ops.dequant import get_row_sel
 from ..ops.matmul import matmul_sel, prepare_acts
 from ..ops.moe import expert_weights, softmax_ggml, top_k
@@ -54,9 +55,9 @@ P_EMBD, P_NORM, P_QKV, P_ROPE, P_ATTN, P_OUT_PROJ, P_FFN_UP, P_FFN_DOWN, P_HEAD 
 NONE = -1  # a matrix index / vector offset of a tensor the layer does not have
 # One row per layer. Matrices: index into the weight store; vectors: offset into its float
 # buffer; need_*: activation kinds the matrices reading that input consume
-# (ops.matmul.act_need); swa: sliding-window layer; rope: keys and queries are rotated;
-# index: the layer's number; kv_index: its layer in the cache of its kind (global or
-# sliding-window); last: 1 in the last layer.
+# (ops.matmul.act_need); swa: sliding-window layer; recurrent: a recurrent layer; rope:
+# keys and queries are rotated; index: the layer's number; kv_index: its layer in the
+# memory of its kind (global, sliding-window or recurrent); last: 1 in the last layer.
 LAYER_DTYPE = np.dtype(
     [
         (name, np.int64)
@@ -72,6 +73,11 @@ LAYER_DTYPE = np.dtype(
             "ffn_gate_exps",  # and the first expert's matrix of each kind (expert e: + e)
             "ffn_up_exps",
             "ffn_down_exps",
+            "attn_qkv",  # Gated DeltaNet (qwen35): in-projections and out-projection
+            "attn_gate",
+            "ssm_beta",
+            "ssm_alpha",
+            "ssm_out",
             "attn_norm",
             "ffn_norm",
             "attn_q_norm",
@@ -81,11 +87,16 @@ LAYER_DTYPE = np.dtype(
             "attn_q_bias",
             "attn_k_bias",
             "attn_v_bias",
+            "ssm_conv1d",  # Gated DeltaNet: conv taps [channel, d_conv], dt bias, A, norm
+            "ssm_dt_bias",
+            "ssm_a",
+            "ssm_norm",
             "need_qkv",
             "need_out",
             "need_ffn",
             "need_down",
             "swa",
+            "recurrent",  # a recurrent layer (state rows instead of KV cells)
             "rope",
             "index",
             "kv_index",
@@ -112,6 +123,11 @@ MODEL_DTYPE = np.dtype(
         ("n_expert_used", np.int64),  # experts per token
         ("n_ff_exp", np.int64),  # an expert's FFN size
         ("expert_norm", np.int64),  # 1: the selected experts' weights divided by their sum
+        ("ssm_d_conv", np.int64),  # Gated DeltaNet (0: none): convolution taps
+        ("ssm_d_state", np.int64),  # head size of the keys (S_k)
+        ("ssm_n_group", np.int64),  # key heads (H_k)
+        ("ssm_dt_rank", np.int64),  # value heads (H_v)
+        ("ssm_d_inner", np.int64),  # H_v * S_v
         ("eps", np.float32),
         ("kq_scale", np.float32),  # scale of the K.Q scores
         ("q_scale", np.float32),  # scale of the roped queries (gemma3, phi3)
@@ -137,7 +153,7 @@ KVPart = namedtuple("KVPart", "KC VC cells mask n_kv mode hstride order")
 Ctx = namedtuple(
     "Ctx",
     "fmask tid nth M W WD NF RP FF tokens pos out_idx n_tok n_out kv kv_swa k_type v_type "
-    "rowb X XN Q KN VN ATT G U RL SEL WTS EO A AP XP LOG TS prof bar st",
+    "rowb kvi X XN Q KN VN ATT G U RL SEL WTS EO A AP XP LOG TS prof bar st",
 )
 
 
@@ -180,8 +196,8 @@ def context(fmask, tid, nth, MA, WT, UB, KV, S, STATE, bar):
         fmask, tid, nth, MA[0], W, WD, NF, RP, FF, tokens, pos, out_idx, ui[0], ui[3],
         KVPart(KC, VC, cells, mask, ui[1], ui[2], kvi[3] * rowb, order),
         KVPart(KCs, VCs, cells_swa, mask_swa, ui[4], ui[5], kvi[4] * rowb, order_swa),
-        kvi[0], kvi[1], rowb, X, XN, Q, KN, VN, ATT, G, U, RL, SEL, WTS, EO, A, AP, XP, LOG, TS,
-        prof, bar, st,
+        kvi[0], kvi[1], rowb, kvi, X, XN, Q, KN, VN, ATT, G, U, RL, SEL, WTS, EO, A, AP, XP, LOG,
+        TS, prof, bar, st,
     )  # fmt: skip
 
 
@@ -529,6 +545,128 @@ def ffn_moe(c, L, clk):
                 acc = acc + c.WTS[t, j] * c.EO[t * k + j, i]
             c.X[t, i] = acc + c.X[t, i]
     return _sync(c, tick(c.prof, tid, P_FFN_DOWN, clk))
+
+
+# ----------------------------------------------------------------------------- gated attention
+@njit(cache=True)
+def q_gate(c, L, clk):
+    """Gated attention (qwen35): ``attn_q`` gives each head's query followed by its output
+    gate; the queries are packed to the front of ``Q``, the gates go to ``G``."""
+    M = c.M
+    hd = M.head_dim
+    t0, t1 = _token_rows(c)
+    for t in range(t0, t1):
+        for h in range(M.n_head):  # head h's gate is copied before a query overwrites it
+            src = 2 * h * hd
+            for i in range(hd):
+                c.G[t, h * hd + i] = c.Q[t, src + hd + i]
+            for i in range(hd):
+                c.Q[t, h * hd + i] = c.Q[t, src + i]
+    return clk
+
+
+@njit(cache=True)
+def attn_gate(c, L, clk):
+    """``att *= sigmoid(gate)`` (the gates :func:`q_gate` kept in ``G``)."""
+    qd = c.M.n_head * c.M.head_dim
+    one = np.float32(1.0)
+    t0, t1 = _token_rows(c)
+    for t in range(t0, t1):
+        for i in range(qd):
+            c.ATT[t, i] = c.ATT[t, i] * (one / (one + np.exp(-c.G[t, i])))
+    return _sync(c, clk)
+
+
+# ----------------------------------------------------------------------------- Gated DeltaNet
+# A recurrent layer's buffers: the convolution's channels (keys of the queries, keys,
+# values) in Q; the output gate z in U; beta in RL; alpha, then the decay g, in XN; the
+# heads' outputs in ATT. Its states are the second part of the memory (``kv_swa``): the
+# convolution rows in KC, the delta-rule rows in VC, each token's state row in ``cells``.
+@njit(cache=True, inline="always")
+def _conv_channels(M):
+    return M.ssm_d_inner + 2 * M.ssm_n_group * M.ssm_d_state
+
+
+@njit(cache=True, inline="always")
+def _state_rows(c, L, part, size):
+    """The layer's state rows, one of ``size`` floats per sequence (a float32 view)."""
+    n_seq = c.kvi[6]
+    base = L.kv_index * n_seq * size
+    return part.view(np.float32)[base : base + n_seq * size]
+
+
+@njit(cache=True)
+def delta_net_in(c, L, clk):
+    """In-projections of ``h``: the channels ``h . attn_qkv``, the gate ``z = h .
+    attn_gate``, ``h . ssm_beta``, ``h . ssm_alpha``."""
+    _mm(c, L.attn_qkv, c.Q, False)
+    _mm(c, L.attn_gate, c.U, False)
+    _mm(c, L.ssm_beta, c.RL, False)
+    _mm(c, L.ssm_alpha, c.XN, False)
+    return _sync(c, tick(c.prof, c.tid, P_QKV, clk))
+
+
+@njit(cache=True)
+def delta_net_conv(c, L, clk):
+    """The short causal convolution of each channel over its state row, then SiLU (threads
+    split the channels); ``beta = sigmoid(beta)`` and the decay ``g = softplus(alpha +
+    ssm_dt) * ssm_a`` per value head (threads split the tokens)."""
+    M = c.M
+    ch, taps, n = _conv_channels(M), M.ssm_d_conv, c.st.n_rows
+    state = _state_rows(c, L, c.kv_swa.KC, c.kvi[7]).reshape(c.kvi[6], ch, taps - 1)
+    w = c.NF[L.ssm_conv1d : L.ssm_conv1d + ch * taps].reshape(ch, taps)
+    g0, g1 = split(ch // 16, c.tid, c.nth)
+    conv_tokens(c.Q, n, c.kv_swa.cells, state, w, c.Q, 16 * g0, 16 * g1)
+    silu(c.Q, 0, n, 16 * g0, 16 * g1, c.Q)
+    one = np.float32(1.0)
+    t0, t1 = _token_rows(c)
+    for t in range(t0, t1):
+        for h in range(M.ssm_dt_rank):
+            c.RL[t, h] = one / (one + np.exp(-c.RL[t, h]))
+            a = c.XN[t, h] + c.NF[L.ssm_dt_bias + h]
+            sp = a if a > np.float32(20.0) else np.log(one + np.exp(a))
+            c.XN[t, h] = sp * c.NF[L.ssm_a + h]
+    return _sync(c, tick(c.prof, c.tid, P_ROPE, clk))
+
+
+@njit(cache=True)
+def delta_net_rule(c, L, clk):
+    """Per token and value head (threads split the heads): q and k of its key head
+    L2-normed, the gated delta rule on the head's state row, then the gated norm
+    ``rms_norm(o) * ssm_norm * silu(z)`` of the head's output."""
+    M = c.M
+    hk, sk, hv = M.ssm_n_group, M.ssm_d_state, M.ssm_dt_rank
+    sv, kd = M.ssm_d_inner // hv, M.ssm_n_group * M.ssm_d_state
+    S = _state_rows(c, L, c.kv_swa.VC, c.kvi[8]).reshape(c.kvi[6], hv, sv, sk)
+    qn, kn = c.TS[1][c.tid], c.TS[3][c.tid]
+    w = c.NF[L.ssm_norm : L.ssm_norm + sv]
+    h0, h1 = split(hv, c.tid, c.nth)
+    for t in range(c.st.n_rows):
+        r = c.kv_swa.cells[t]
+        for h in range(h0, h1):
+            kh = h % hk
+            l2_norm(c.Q[t], kh * sk, sk, M.eps, qn)
+            l2_norm(c.Q[t], kd + kh * sk, sk, M.eps, kn)
+            o = h * sv
+            delta_rule_head(
+                S[r, h], qn, kn, c.Q[t], 2 * kd + o, c.XN[t, h], c.RL[t, h], c.ATT[t], o
+            )
+            s = 0.0
+            for i in range(sv):
+                v = c.ATT[t, o + i]
+                s += np.float64(v * v)
+            scale = np.float32(1.0) / np.sqrt(np.float32(s / sv) + M.eps)
+            for i in range(sv):
+                c.ATT[t, o + i] = c.ATT[t, o + i] * scale * w[i]
+            mul_silu(c.U, t, t + 1, o, o + sv, c.ATT)
+    return _sync(c, tick(c.prof, c.tid, P_ATTN, clk))
+
+
+@njit(cache=True)
+def delta_net_out(c, L, clk):
+    """``x += o . ssm_out``."""
+    clk = _quantize_in(c, c.ATT, c.M.ssm_d_inner, L.need_out, P_OUT_PROJ, clk)
+    return _proj_residual(c, L.ssm_out, NONE, P_OUT_PROJ, clk)
 
 
 @njit(cache=True)

@@ -113,6 +113,34 @@ def swiglu(g, u, t0, t1, c0, c1, out):
             vstore_f32(out[t], c, s * vload_f32(u[t], c))
 
 
+@njit(cache=True)
+def silu(x, t0, t1, c0, c1, out):
+    """``out[t, c] = silu(x[t, c])`` for rows ``t0..t1``, columns ``c0..c1`` (``c1 - c0`` a
+    multiple of 16; ``out`` may be ``x``), as ggml's vectorized ``silu``."""
+    one = vsplat_f32(1.0)
+    for t in range(t0, t1):
+        for c in range(c0, c1, 16):
+            v = vload_f32(x[t], c)
+            vstore_f32(out[t], c, v / (one + vexp_ggml(vzero_f32() - v)))
+
+
+@njit(cache=True)
+def mul_silu(z, t0, t1, c0, c1, out):
+    """``out[t, c] *= silu(z[t, c])`` (rows ``t0..t1``, columns ``c0..c1``, 16 at a time):
+    a gate applied as ggml's ``mul(out, silu(z))``."""
+    one = vsplat_f32(1.0)
+    for t in range(t0, t1):
+        for c in range(c0, c1, 16):
+            v = vload_f32(z[t], c)
+            s = v / (one + vexp_ggml(vzero_f32() - v))
+            vstore_f32(out[t], c, vload_f32(out[t], c) * s)
+
+
+def silu_numpy(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, _F32)
+    return (x / (_F32(1.0) + exp_ggml_numpy(_F32(0.0) - x))).astype(_F32)
+
+
 def _fma(a, b, c):
     return (a.astype(np.float64) * b + c).astype(_F32)
 
