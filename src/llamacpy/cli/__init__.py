@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from .. import __version__
 from .._startup import pause_gc, resume_gc
-from ..errors import LlamacpyError
+from ..errors import LlamacpyError, UsageError
 
 # subcommand modules, in help order
 SUBCOMMANDS = [
@@ -55,6 +55,36 @@ _COMPAT = (
     (("-ts", "--tensor-split"), "SPLIT", "split across GPUs"),
     (("-dev", "--device"), "DEV", "devices to use"),
 )
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer of at least 1."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return n
+
+
+def byte_size(text: str) -> int:
+    """argparse type: a size in bytes such as ``500M`` or ``2G`` (see ``gguf.split.parse_size``)."""
+    from ..gguf.split import parse_size
+
+    try:
+        return parse_size(text)
+    except UsageError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_output_args(p: argparse.ArgumentParser, dry_run: str, verbose: str) -> None:
+    """``--dry-run`` (help: ``dry_run``) and the exclusive ``-q/--quiet`` (no progress bar) and
+    ``-v/--verbose`` (help: ``verbose``) of the commands that write model files."""
+    p.add_argument("--dry-run", action="store_true", help=dry_run)
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    out.add_argument("-v", "--verbose", action="store_true", help=verbose)
 
 
 def add_memory_args(p: argparse.ArgumentParser) -> None:
