@@ -13,6 +13,7 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from .. import __version__
 from .._startup import pause_gc, resume_gc
@@ -102,6 +103,37 @@ def add_memory_args(p: argparse.ArgumentParser) -> None:
         "sequences decoded with it, its cache cells, the ubatch size or the thread count "
         "(slower prompt processing)",
     )
+
+
+def add_context_args(p: argparse.ArgumentParser) -> None:
+    """The context flags of the commands that decode a model: physical batch size, threads,
+    KV cache types and :func:`add_memory_args` (see :func:`context_params`)."""
+    p.add_argument("-ub", "--ubatch-size", type=int, default=512, help="physical batch size")
+    p.add_argument("-t", "--threads", type=int, default=0, help="threads (default: cores)")
+    p.add_argument("-tb", "--threads-batch", type=int, default=0,
+                   help="threads for prompt processing (default: same as --threads)")  # fmt: skip
+    p.add_argument("-ctk", "--cache-type-k", default="f16", help="KV cache type of K")
+    p.add_argument("-ctv", "--cache-type-v", default="f16", help="KV cache type of V")
+    add_memory_args(p)
+
+
+def context_params(args: argparse.Namespace, **fields: object) -> Any:
+    """The ``engine.ContextParams`` of ``-c``, ``-b`` and :func:`add_context_args`'s flags,
+    ``fields`` overriding or adding to them."""
+    from ..engine import ContextParams
+
+    flags = dict(
+        n_ctx=args.ctx_size,
+        n_batch=args.batch_size,
+        n_ubatch=args.ubatch_size,
+        n_threads=args.threads,
+        n_threads_batch=args.threads_batch or args.threads,
+        type_k=args.cache_type_k,
+        type_v=args.cache_type_v,
+        swa_full=args.swa_full,
+        deterministic=args.deterministic,
+    )
+    return ContextParams(**(flags | fields))
 
 
 def add_compat_args(p: argparse.ArgumentParser, *, flash_attn: bool = True,
