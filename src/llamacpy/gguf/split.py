@@ -432,14 +432,15 @@ def split_gguf(
             for t in plan.tensors:
                 w.add_tensor_info(t)
             writers.append(w)
-        _write_all(writers, outs, progress)
+        write_shards(writers, outs, progress)
     return outs
 
 
-def _write_all(
+def write_shards(
     writers: list[GGUFWriter], outs: list[Path], progress: Callable[[str, int], None] | None
 ) -> None:
-    """Write every writer to a staging file beside its output, then rename all into place."""
+    """Write every writer to a staging file beside its output, then rename all into place
+    (only when all are written: on any error no output is left behind)."""
     staged: list[Path] = []
     placed: list[tuple[Path, int]] = []
     try:
