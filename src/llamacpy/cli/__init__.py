@@ -79,13 +79,13 @@ def byte_size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def add_output_args(p: argparse.ArgumentParser, dry_run: str, verbose: str) -> None:
-    """``--dry-run`` (help: ``dry_run``) and the exclusive ``-q/--quiet`` (no progress bar) and
-    ``-v/--verbose`` (help: ``verbose``) of the commands that write model files."""
+def add_output_args(p: argparse.ArgumentParser, dry_run: str) -> None:
+    """``--dry-run`` (``dry_run``: what it shows) and the exclusive ``-q/--quiet`` and
+    ``-v/--verbose`` of the commands that write model files."""
     p.add_argument("--dry-run", action="store_true", help=dry_run)
     out = p.add_mutually_exclusive_group()
     out.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    out.add_argument("-v", "--verbose", action="store_true", help=verbose)
+    out.add_argument("-v", "--verbose", action="store_true", help="print a line per tensor")
 
 
 def add_memory_args(p: argparse.ArgumentParser) -> None:

@@ -124,9 +124,5 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="keep the first shard free of tensors (metadata only)",
     )
-    add_output_args(
-        p,
-        dry_run="show the tensors and the output file(s) without writing anything",
-        verbose="a line per tensor",
-    )
+    add_output_args(p, "show the tensors and the output file(s) without writing anything")
     p.set_defaults(func=_run)

@@ -254,9 +254,5 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="KEY=TYPE:VALUE",
         help="set a metadata key in the output; TYPE is int, float, bool or str (repeatable)",
     )
-    add_output_args(
-        p,
-        dry_run="show the per-tensor types and the final size without writing anything",
-        verbose="print a line per tensor",
-    )
+    add_output_args(p, "show the per-tensor types and the final size without writing anything")
     p.set_defaults(func=_run)
