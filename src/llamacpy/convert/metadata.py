@@ -262,24 +262,25 @@ def _source_entry(item: Any, total_params: int, what: str) -> dict[str, Any]:
             else None
         )
         if m:
-            name, org, _, _, version, _ = model_id_components(m.group(1), total_params)
-            if name is not None:
-                entry["name"] = id_to_title(name)
-            if org is not None:
-                entry["organization"] = id_to_title(org)
-            if version is not None:
-                entry["version"] = version
+            _id_entry(entry, m.group(1), total_params)
         return entry
-    name, org, _, _, version, _ = model_id_components(item, total_params)
+    name, org = _id_entry(entry, item, total_params)
+    if org is not None and name is not None:
+        entry["repo_url"] = f"https://huggingface.co/{org}/{name}"
+    return entry
+
+
+def _id_entry(entry: dict[str, Any], model_id: str, total_params: int) -> tuple[Any, Any]:
+    """Add the name, organization and version of ``model_id`` to ``entry`` (those it has);
+    return its name and organization."""
+    name, org, _, _, version, _ = model_id_components(model_id, total_params)
     if name is not None:
         entry["name"] = id_to_title(name)
     if org is not None:
         entry["organization"] = id_to_title(org)
     if version is not None:
         entry["version"] = version
-    if org is not None and name is not None:
-        entry["repo_url"] = f"https://huggingface.co/{org}/{name}"
-    return entry
+    return name, org
 
 
 def _first(card: dict[str, Any], *keys: str) -> Any:
