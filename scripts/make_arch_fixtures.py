@@ -3,7 +3,7 @@
 
 Run from the repository root with the project's venv::
 
-    .venv/bin/python scripts/make_arch_fixtures.py [--oracle-py /root/oracle/py]
+    .venv/bin/python scripts/make_arch_fixtures.py [--oracle-py /root/oracle/py/bin/python]
 
 Writes ``tests/fixtures/engine/arch_logits.npz``: for every case (tiny random model of
 ``llamacpy.models.tiny``, seed 3, F32 and Q8_0 weights, rebuilt by the tests) the file's
@@ -44,15 +44,18 @@ N_GREEDY = 16
 CASES = LLAMA_CPP_CASES  # case -> (arch, tiny-model options, n_ctx)
 TYPES = (GGMLType.F32, GGMLType.Q8_0)
 
-_CODE = """
-import json, numpy as np
+ORACLE_PY = "/root/oracle/py/bin/python"  # the llama-cpp-python interpreter
+# the start of an oracle script: the model loaded, ``logits`` of ``tokens`` in one batch
+ORACLE_LOGITS = """
+import json, numpy as np, llama_cpp
 from llama_cpp import Llama
 m = Llama({path!r}, n_ctx={n_ctx}, n_batch=64, logits_all=True, verbose=False,
           flash_attn=True, n_threads=2)
 m.eval({tokens})
 logits = np.array(m.scores[:{n}], dtype=np.float32).tolist()
 m.reset()
-m.eval({prompt})
+"""
+_GREEDY = """m.eval({prompt})
 out = []
 for k in range({n_gen}):
     t = int(np.argmax(m.scores[m.n_tokens - 1]))
@@ -60,6 +63,7 @@ for k in range({n_gen}):
     m.eval([t])
 print(json.dumps({{"logits": logits, "greedy": out}}))
 """
+_CODE = ORACLE_LOGITS + _GREEDY
 
 
 def oracle(py: str, code: str) -> dict:
@@ -72,7 +76,7 @@ def oracle(py: str, code: str) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--oracle-py", default="/root/oracle/py")
+    ap.add_argument("--oracle-py", default=ORACLE_PY)
     args = ap.parse_args()
     out: dict[str, np.ndarray] = {
         "tokens": np.array(TOKENS, np.int32),

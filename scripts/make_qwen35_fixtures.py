@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from llamacpy.gguf import GGMLType  # noqa: E402
 from llamacpy.models.tiny import write_tiny_qwen35  # noqa: E402
-from make_arch_fixtures import PROMPT, TOKENS, oracle  # noqa: E402
+from make_arch_fixtures import ORACLE_LOGITS, ORACLE_PY, PROMPT, TOKENS, oracle  # noqa: E402
 
 FIX = ROOT / "tests" / "fixtures" / "engine"
 SEED = 3
@@ -38,15 +38,7 @@ N_CTX = 64
 TYPES = (GGMLType.F32, GGMLType.Q8_0)
 SEQ_RM = ((0, 3, -1), (0, len(PROMPT) + N_GREEDY, -1), (0, 0, -1))  # (seq, p0, p1)
 
-_CODE = """
-import json, numpy as np, llama_cpp
-from llama_cpp import Llama
-m = Llama({path!r}, n_ctx={n_ctx}, n_batch=64, logits_all=True, verbose=False,
-          flash_attn=True, n_threads=2)
-m.eval({tokens})
-logits = np.array(m.scores[:{n}], dtype=np.float32).tolist()
-m.reset()
-llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(m.ctx), True)
+_STEPS = """llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(m.ctx), True)
 m.eval({prompt})
 out, steps = [], [np.array(m.scores[m.n_tokens - 1], np.float32).tolist()]
 for k in range({n_gen}):
@@ -58,11 +50,12 @@ mem = llama_cpp.llama_get_memory(m.ctx)
 rm = [bool(llama_cpp.llama_memory_seq_rm(mem, s, p0, p1)) for s, p0, p1 in {seq_rm}]
 print(json.dumps({{"logits": logits, "greedy": out, "steps": steps, "seq_rm": rm}}))
 """
+_CODE = ORACLE_LOGITS + _STEPS
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--oracle-py", default="/root/oracle/py/bin/python")
+    ap.add_argument("--oracle-py", default=ORACLE_PY)
     args = ap.parse_args()
     out: dict[str, np.ndarray] = {
         "tokens": np.array(TOKENS, np.int32),

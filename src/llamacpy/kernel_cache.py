@@ -152,6 +152,14 @@ _WRITABLE: set[str] = set()  # cache directories already checked in this process
 
 
 class _StampMixin:
+    """A numba cache locator for the kernel files only, keyed on :func:`kernel_stamp`."""
+
+    @classmethod
+    def from_function(cls, py_func, py_file):
+        if not _is_kernel_file(py_file):
+            return None
+        return super().from_function(py_func, py_file)
+
     def get_source_stamp(self):
         return kernel_stamp(self._py_file)
 
@@ -165,19 +173,11 @@ class _StampMixin:
 
 
 class _InTreeKernelLocator(_StampMixin, caching.InTreeCacheLocator):
-    @classmethod
-    def from_function(cls, py_func, py_file):
-        if not _is_kernel_file(py_file):
-            return None
-        return super().from_function(py_func, py_file)
+    pass
 
 
 class _UserWideKernelLocator(_StampMixin, caching.UserWideCacheLocator):
-    @classmethod
-    def from_function(cls, py_func, py_file):
-        if not _is_kernel_file(py_file):
-            return None
-        return super().from_function(py_func, py_file)
+    pass
 
 
 _KERNEL_LOCATORS: tuple[type, ...] = ()

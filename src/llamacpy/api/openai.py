@@ -97,20 +97,13 @@ def completion(
     n_completion: int,
 ) -> dict[str, Any]:
     """``CreateCompletionResponse``."""
-    return {
-        "id": cid,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [
-            {"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish_reason}
-        ],
-        "usage": {
-            "prompt_tokens": n_prompt,
-            "completion_tokens": n_completion,
-            "total_tokens": n_prompt + n_completion,
-        },
+    out = completion_chunk(cid, created, model, text, finish_reason, logprobs)
+    out["usage"] = {
+        "prompt_tokens": n_prompt,
+        "completion_tokens": n_completion,
+        "total_tokens": n_prompt + n_completion,
     }
+    return out
 
 
 def completion_chunk(

@@ -13,10 +13,11 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from .. import __version__
 from .._startup import pause_gc, resume_gc
-from ..errors import LlamacpyError
+from ..errors import LlamacpyError, UsageError
 
 # subcommand modules, in help order
 SUBCOMMANDS = [
@@ -57,6 +58,36 @@ _COMPAT = (
 )
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer of at least 1."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return n
+
+
+def byte_size(text: str) -> int:
+    """argparse type: a size in bytes such as ``500M`` or ``2G`` (see ``gguf.split.parse_size``)."""
+    from ..gguf.split import parse_size
+
+    try:
+        return parse_size(text)
+    except UsageError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_output_args(p: argparse.ArgumentParser, dry_run: str) -> None:
+    """``--dry-run`` (``dry_run``: what it shows) and the exclusive ``-q/--quiet`` and
+    ``-v/--verbose`` of the commands that write model files."""
+    p.add_argument("--dry-run", action="store_true", help=dry_run)
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    out.add_argument("-v", "--verbose", action="store_true", help="print a line per tensor")
+
+
 def add_memory_args(p: argparse.ArgumentParser) -> None:
     """The window-cache and determinism flags of the commands that decode."""
     p.add_argument(
@@ -72,6 +103,37 @@ def add_memory_args(p: argparse.ArgumentParser) -> None:
         "sequences decoded with it, its cache cells, the ubatch size or the thread count "
         "(slower prompt processing)",
     )
+
+
+def add_context_args(p: argparse.ArgumentParser) -> None:
+    """The context flags of the commands that decode a model: physical batch size, threads,
+    KV cache types and :func:`add_memory_args` (see :func:`context_params`)."""
+    p.add_argument("-ub", "--ubatch-size", type=int, default=512, help="physical batch size")
+    p.add_argument("-t", "--threads", type=int, default=0, help="threads (default: cores)")
+    p.add_argument("-tb", "--threads-batch", type=int, default=0,
+                   help="threads for prompt processing (default: same as --threads)")  # fmt: skip
+    p.add_argument("-ctk", "--cache-type-k", default="f16", help="KV cache type of K")
+    p.add_argument("-ctv", "--cache-type-v", default="f16", help="KV cache type of V")
+    add_memory_args(p)
+
+
+def context_params(args: argparse.Namespace, **fields: object) -> Any:
+    """The ``engine.ContextParams`` of ``-c``, ``-b`` and :func:`add_context_args`'s flags,
+    ``fields`` overriding or adding to them."""
+    from ..engine import ContextParams
+
+    flags = dict(
+        n_ctx=args.ctx_size,
+        n_batch=args.batch_size,
+        n_ubatch=args.ubatch_size,
+        n_threads=args.threads,
+        n_threads_batch=args.threads_batch or args.threads,
+        type_k=args.cache_type_k,
+        type_v=args.cache_type_v,
+        swa_full=args.swa_full,
+        deterministic=args.deterministic,
+    )
+    return ContextParams(**(flags | fields))
 
 
 def add_compat_args(p: argparse.ArgumentParser, *, flash_attn: bool = True,

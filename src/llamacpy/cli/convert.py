@@ -11,27 +11,9 @@ import sys
 from pathlib import Path
 
 from ..errors import UsageError
+from . import add_output_args, byte_size, positive_int
 
 OUTTYPES = ("f32", "f16", "bf16", "q8_0", "auto")
-
-
-def _size(text: str) -> int:
-    from ..gguf.split import parse_size
-
-    try:
-        return parse_size(text)
-    except UsageError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _positive_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return n
 
 
 def _shape(shape: tuple[int, ...]) -> str:
@@ -130,24 +112,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     split = p.add_mutually_exclusive_group()
     split.add_argument(
         "--split-max-size",
-        type=_size,
+        type=byte_size,
         metavar="SIZE",
         help="split into shards of at most SIZE tensor bytes, e.g. 500M or 2G",
     )
     split.add_argument(
-        "--split-max-tensors", type=_positive_int, metavar="N", help="at most N tensors per shard"
+        "--split-max-tensors", type=positive_int, metavar="N", help="at most N tensors per shard"
     )
     p.add_argument(
         "--no-tensor-first-split",
         action="store_true",
         help="keep the first shard free of tensors (metadata only)",
     )
-    p.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="show the tensors and the output file(s) without writing anything",
-    )
-    out = p.add_mutually_exclusive_group()
-    out.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    out.add_argument("-v", "--verbose", action="store_true", help="a line per tensor")
+    add_output_args(p, "show the tensors and the output file(s) without writing anything")
     p.set_defaults(func=_run)

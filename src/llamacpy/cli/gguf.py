@@ -10,7 +10,7 @@ import contextlib
 import sys
 from pathlib import Path
 
-from ..errors import UsageError
+from . import byte_size, positive_int
 
 
 def _resolve(name_or_path: str) -> Path:
@@ -114,26 +114,6 @@ def _merge(args: argparse.Namespace) -> int:
     return 0
 
 
-# --------------------------------------------------------------------------- arguments
-def _positive_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return n
-
-
-def _size(text: str) -> int:
-    from ..gguf.split import parse_size
-
-    try:
-        return parse_size(text)
-    except UsageError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "gguf",
@@ -188,13 +168,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     mode = sp.add_mutually_exclusive_group()
     mode.add_argument(
         "--split-max-tensors",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help="at most N tensors per shard (default: 128)",
     )
     mode.add_argument(
         "--split-max-size",
-        type=_size,
+        type=byte_size,
         metavar="SIZE",
         help="at most SIZE bytes per shard file, e.g. 500M or 2G (decimal units)",
     )

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from ..errors import UsageError
-from . import add_compat_args, add_memory_args
+from . import add_compat_args, add_context_args, context_params
 
 
 def _perplexity(args: argparse.Namespace) -> int:
@@ -22,7 +22,6 @@ def _perplexity(args: argparse.Namespace) -> int:
     reserve_weight_memory(args.model)
     show_compile_progress(args.command)
     from ..api.model import load_model
-    from ..engine import ContextParams
     from ..eval.perplexity import n_seq_for, perplexity
 
     if args.ctx_size <= 0:
@@ -34,17 +33,11 @@ def _perplexity(args: argparse.Namespace) -> int:
     text = text[:-1] if text.endswith(b"\n") else text
     n_ctx = args.ctx_size
     n_seq = n_seq_for(n_ctx, args.batch_size)
-    params = ContextParams(
+    params = context_params(
+        args,
         n_ctx=n_seq * n_ctx,
         n_batch=min(args.batch_size, n_seq * n_ctx),
-        n_ubatch=args.ubatch_size,
         n_seq_max=n_seq,
-        n_threads=args.threads,
-        n_threads_batch=args.threads_batch or args.threads,
-        type_k=args.cache_type_k,
-        type_v=args.cache_type_v,
-        swa_full=args.swa_full,
-        deterministic=args.deterministic,
         use_mmap=args.mmap,
     )
     model = load_model(args.model, params)
@@ -83,13 +76,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-c", "--ctx-size", type=int, default=512, help="chunk size (default: 512)")
     p.add_argument("-b", "--batch-size", type=int, default=2048,
                    help="logical batch size; >= 2 chunks evaluates chunks in parallel")  # fmt: skip
-    p.add_argument("-ub", "--ubatch-size", type=int, default=512, help="physical batch size")
+    add_context_args(p)
     p.add_argument("--chunks", type=int, default=-1, help="max chunks (default: -1 = all)")
-    p.add_argument("-t", "--threads", type=int, default=0, help="threads (default: cores)")
-    p.add_argument("-tb", "--threads-batch", type=int, default=0, help="prompt threads")
-    p.add_argument("-ctk", "--cache-type-k", default="f16", help="KV cache type of K")
-    p.add_argument("-ctv", "--cache-type-v", default="f16", help="KV cache type of V")
-    add_memory_args(p)
     p.add_argument("--no-mmap", dest="mmap", action="store_false", help="read, do not map")
     p.add_argument("-v", "--verbose", action="store_true", help="(accepted for compatibility)")
     add_compat_args(p)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
+from . import add_output_args
 
 
 def _resolve(name_or_path: str) -> Path:
@@ -253,16 +254,5 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="KEY=TYPE:VALUE",
         help="set a metadata key in the output; TYPE is int, float, bool or str (repeatable)",
     )
-    _add_output_args(p)
+    add_output_args(p, "show the per-tensor types and the final size without writing anything")
     p.set_defaults(func=_run)
-
-
-def _add_output_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="show the per-tensor types and the final size without writing anything",
-    )
-    out = p.add_mutually_exclusive_group()
-    out.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    out.add_argument("-v", "--verbose", action="store_true", help="print a line per tensor")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import LlamacpyError, UsageError
-from . import add_compat_args, add_memory_args
+from . import add_compat_args, add_context_args, context_params
 
 # flag -> (SamplingParams field, type, help)
 _SAMPLING_FLAGS: list[tuple[tuple[str, ...], str, type, str]] = [
@@ -55,13 +55,7 @@ def add_model_args(p: argparse.ArgumentParser, *, n_ctx: int = 0) -> None:
     p.add_argument("-c", "--ctx-size", type=int, default=n_ctx,
                    help=f"context size (default: {n_ctx}, 0 = from the model)")  # fmt: skip
     p.add_argument("-b", "--batch-size", type=int, default=2048, help="logical batch size")
-    p.add_argument("-ub", "--ubatch-size", type=int, default=512, help="physical batch size")
-    p.add_argument("-t", "--threads", type=int, default=0, help="threads (default: cores)")
-    p.add_argument("-tb", "--threads-batch", type=int, default=0,
-                   help="threads for prompt processing (default: same as --threads)")  # fmt: skip
-    p.add_argument("-ctk", "--cache-type-k", default="f16", help="KV cache type of K")
-    p.add_argument("-ctv", "--cache-type-v", default="f16", help="KV cache type of V")
-    add_memory_args(p)
+    add_context_args(p)
     p.add_argument("--no-mmap", dest="mmap", action="store_false", help="read, do not map")
     p.add_argument("--mlock", action="store_true", help="keep the model in RAM")
     p.add_argument("-v", "--verbose", action="store_true", help="print model/sampler info")
@@ -241,21 +235,8 @@ def load(args: argparse.Namespace) -> Any:
     reserve_weight_memory(args.model)
     show_compile_progress(args.command)
     from ..api.model import load_model
-    from ..engine import ContextParams
 
-    params = ContextParams(
-        n_ctx=args.ctx_size,
-        n_batch=args.batch_size,
-        n_ubatch=args.ubatch_size,
-        n_threads=args.threads,
-        n_threads_batch=args.threads_batch or args.threads,
-        type_k=args.cache_type_k,
-        type_v=args.cache_type_v,
-        swa_full=args.swa_full,
-        deterministic=args.deterministic,
-        use_mmap=args.mmap,
-        use_mlock=args.mlock,
-    )
+    params = context_params(args, use_mmap=args.mmap, use_mlock=args.mlock)
     model = load_model(args.model, params)
     if args.verbose:
         ctx = model.ctx

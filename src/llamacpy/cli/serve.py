@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
-from . import add_compat_args, add_memory_args
+from . import add_compat_args, add_context_args, context_params
 from .run import add_sampling_args, sampling_params
 
 
@@ -27,7 +27,6 @@ def _keys(args: argparse.Namespace) -> tuple[str, ...]:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from ..engine import ContextParams
     from ..registry import resolve_model
     from ..server import ServerConfig, ServerState, serve
     from .run import show_compile_progress
@@ -72,18 +71,7 @@ def _serve(args: argparse.Namespace) -> int:
             return None, llm
         from ..api.serving import ServingModel
 
-        params = ContextParams(
-            n_ctx=n_ctx,
-            n_batch=args.batch_size,
-            n_ubatch=args.ubatch_size,
-            n_threads=args.threads,
-            n_threads_batch=args.threads_batch or args.threads,
-            n_seq_max=args.parallel,
-            type_k=args.cache_type_k,
-            type_v=args.cache_type_v,
-            swa_full=args.swa_full,
-            deterministic=args.deterministic,
-        )
+        params = context_params(args, n_ctx=n_ctx, n_seq_max=args.parallel)
         m = ServingModel.load(str(model_path), params, n_parallel=args.parallel,
                               max_queue=args.max_queue, chat_template=args.chat_template,
                               sampling_defaults=defaults)  # fmt: skip
@@ -120,12 +108,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-np", "--parallel", type=int, default=1, help="parallel slots (default: 1)")
     p.add_argument("-b", "--batch-size", type=int, default=2048,
                    help="most tokens decoded per step (default: 2048)")  # fmt: skip
-    p.add_argument("-ub", "--ubatch-size", type=int, default=512, help="physical batch size")
-    p.add_argument("-t", "--threads", type=int, default=0, help="threads (default: cores)")
-    p.add_argument("-tb", "--threads-batch", type=int, default=0, help="prompt threads")
-    p.add_argument("-ctk", "--cache-type-k", default="f16", help="KV cache type of K")
-    p.add_argument("-ctv", "--cache-type-v", default="f16", help="KV cache type of V")
-    add_memory_args(p)
+    add_context_args(p)
     p.add_argument("-n", "--n-predict", "--predict", dest="n_predict", type=int, default=-1,
                    help="default tokens to predict (default: -1, until EOG or full slot)")  # fmt: skip
     p.add_argument("--api-key", default=None,

@@ -9,10 +9,7 @@ model. Output is atomic: a crash or error leaves no partial file (or shard set) 
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +21,7 @@ from ..gguf.constants import (
     GGUFValueType,
     LlamaFileType,
 )
+from ..gguf.split import write_shards
 from ..gguf.writer import GGUFWriter
 from .archs import ARCHS, BY_HF_NAME, TextArch
 from .common import ConvertError
@@ -190,7 +188,7 @@ def _convert(opts, arch, ckpt, progress, on_tensor) -> ConvertResult:
     if len(writers) == 1:
         writers[0].write(progress)
     else:
-        _write_all(writers, [s.path for s in shards], progress)
+        write_shards(writers, [s.path for s in shards], progress)
     return result
 
 
@@ -206,31 +204,3 @@ def _writer(kv: KV, shard: Shard, i: int, n_shards: int, n_tensors: int) -> GGUF
     for t in shard.tensors:
         w.add_tensor(t.name, t.type, t.ggml_shape, t.produce)
     return w
-
-
-def _write_all(
-    writers: list[GGUFWriter], outs: list[Path], progress: Callable[[str, int], None] | None
-) -> None:
-    """Write every shard to a staging file beside it; rename them all only when all are done."""
-    staged: list[Path] = []
-    placed: list[tuple[Path, int]] = []
-    try:
-        for w, out in zip(writers, outs):
-            fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".part", dir=out.parent)
-            os.close(fd)
-            staged.append(Path(tmp))
-            w.path = tmp
-            w.write(progress)
-        for tmp, out in zip(staged, outs):
-            ino = os.stat(tmp).st_ino
-            os.replace(tmp, out)
-            placed.append((out, ino))
-    except BaseException:
-        for tmp in staged:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-        for out, ino in placed:
-            with contextlib.suppress(OSError):
-                if os.stat(out).st_ino == ino:
-                    out.unlink()
-        raise

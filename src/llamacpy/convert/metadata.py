@@ -15,25 +15,17 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from ..gguf.constants import GENERAL_SAMPLING
 from .common import ConvertError, read_json, read_json_if_exists
 from .kv import KV, T
 
 log = logging.getLogger("llamacpy.convert")
 
+_GGUF_TYPE = {"seq": T.STRING, "int": T.INT32, "float": T.FLOAT32}
 # sampling field -> (general.sampling key suffix, GGUF type, generation_config.json key)
 _SAMPLING = {
-    "sampling_sequence": ("sequence", T.STRING, "sequence"),
-    "sampling_top_k": ("top_k", T.INT32, "top_k"),
-    "sampling_top_p": ("top_p", T.FLOAT32, "top_p"),
-    "sampling_min_p": ("min_p", T.FLOAT32, "min_p"),
-    "sampling_xtc_probability": ("xtc_probability", T.FLOAT32, "xtc_probability"),
-    "sampling_xtc_threshold": ("xtc_threshold", T.FLOAT32, "xtc_threshold"),
-    "sampling_temp": ("temp", T.FLOAT32, "temperature"),
-    "sampling_penalty_last_n": ("penalty_last_n", T.INT32, "penalty_last_n"),
-    "sampling_penalty_repeat": ("penalty_repeat", T.FLOAT32, "penalty_repeat"),
-    "sampling_mirostat": ("mirostat", T.INT32, "mirostat"),
-    "sampling_mirostat_tau": ("mirostat_tau", T.FLOAT32, "mirostat_tau"),
-    "sampling_mirostat_eta": ("mirostat_eta", T.FLOAT32, "mirostat_eta"),
+    f"sampling_{name}": (name, _GGUF_TYPE[kind], "temperature" if name == "temp" else name)
+    for name, kind in GENERAL_SAMPLING.items()
 }
 # authorship field -> general.* key, in the order llama.cpp writes them
 _STRINGS = {
@@ -270,24 +262,25 @@ def _source_entry(item: Any, total_params: int, what: str) -> dict[str, Any]:
             else None
         )
         if m:
-            name, org, _, _, version, _ = model_id_components(m.group(1), total_params)
-            if name is not None:
-                entry["name"] = id_to_title(name)
-            if org is not None:
-                entry["organization"] = id_to_title(org)
-            if version is not None:
-                entry["version"] = version
+            _id_entry(entry, m.group(1), total_params)
         return entry
-    name, org, _, _, version, _ = model_id_components(item, total_params)
+    name, org = _id_entry(entry, item, total_params)
+    if org is not None and name is not None:
+        entry["repo_url"] = f"https://huggingface.co/{org}/{name}"
+    return entry
+
+
+def _id_entry(entry: dict[str, Any], model_id: str, total_params: int) -> tuple[Any, Any]:
+    """Add the name, organization and version of ``model_id`` to ``entry`` (those it has);
+    return its name and organization."""
+    name, org, _, _, version, _ = model_id_components(model_id, total_params)
     if name is not None:
         entry["name"] = id_to_title(name)
     if org is not None:
         entry["organization"] = id_to_title(org)
     if version is not None:
         entry["version"] = version
-    if org is not None and name is not None:
-        entry["repo_url"] = f"https://huggingface.co/{org}/{name}"
-    return entry
+    return name, org
 
 
 def _first(card: dict[str, Any], *keys: str) -> Any:

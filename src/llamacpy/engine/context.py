@@ -114,18 +114,23 @@ class Context:
         return {"weights": self.model.store.nbytes, "kv_cache": self.kv.nbytes, "scratch": scratch}
 
     # ------------------------------------------------------------------ decoding
+    def _check(self, batch: Batch, seq_pos_max) -> None:
+        """:func:`check_batch` against this context's sizes (``seq_pos_max(s)``: the last
+        position sequence ``s`` holds)."""
+        check_batch(
+            batch,
+            n_vocab=self.n_vocab,
+            n_batch=self.n_batch,
+            n_ctx=self.n_ctx,
+            n_seq_max=self.n_seq_max,
+            seq_pos_max=seq_pos_max,
+        )
+
     def decode(self, batch: Batch) -> np.ndarray:
         """Decode a batch; returns float32 logits ``[n_outputs, n_vocab]``."""
         with self._lock:
             kv = self.kv
-            check_batch(
-                batch,
-                n_vocab=self.n_vocab,
-                n_batch=self.n_batch,
-                n_ctx=self.n_ctx,
-                n_seq_max=self.n_seq_max,
-                seq_pos_max=kv.seq_pos_max,
-            )
+            self._check(batch, kv.seq_pos_max)
             kv.apply_shift(
                 getattr(self.model, "rope_layers", self.model.rope), self._rope_factors()
             )
@@ -222,14 +227,7 @@ class Context:
         with self._lock:
             kv = self.kv
             causal = getattr(self.model, "causal", True)
-            check_batch(
-                batch,
-                n_vocab=self.n_vocab,
-                n_batch=self.n_batch,
-                n_ctx=self.n_ctx,
-                n_seq_max=self.n_seq_max,
-                seq_pos_max=kv.seq_pos_max if causal else (lambda s: -1),
-            )
+            self._check(batch, kv.seq_pos_max if causal else (lambda s: -1))
             n = len(batch)
             nth = self.n_threads if n == 1 else self.n_threads_batch
             if not causal:

@@ -21,7 +21,7 @@ from ..errors import UsageError
 from ..models.common import lazy_zeros
 from .batch import UBatch
 from .kv_cache import N_KV_PAD, KVCache
-from .memory import Memory, Slots, state_parts
+from .memory import PairedMemory, Slots
 
 
 def swa_cache_size(n_ctx: int, n_swa: int, n_seq_max: int, n_ubatch: int, full: bool) -> int:
@@ -33,8 +33,11 @@ def swa_cache_size(n_ctx: int, n_swa: int, n_seq_max: int, n_ubatch: int, full: 
     return -(-n // N_KV_PAD) * N_KV_PAD
 
 
-class ISWACache(Memory):
+class ISWACache(PairedMemory):
     """A global-layer cache and a sliding-window-layer cache (see the module docstring)."""
+
+    PARTS = ("base", "swa")
+    KIND = "sliding-window layers"
 
     def __init__(
         self,
@@ -63,29 +66,10 @@ class ISWACache(Memory):
         self.type_k, self.type_v = self.base.type_k, self.base.type_v
         self._arrays: tuple | None = None
 
-    def _both(self) -> tuple[KVCache, KVCache]:
-        return self.base, self.swa
-
     # ------------------------------------------------------------------ sequences
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
         ok = self.base.seq_rm(seq_id, p0, p1)
         return self.swa.seq_rm(seq_id, p0, p1) and ok
-
-    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
-        for c in self._both():
-            c.seq_cp(src, dst, p0, p1)
-
-    def seq_keep(self, seq_id: int) -> None:
-        for c in self._both():
-            c.seq_keep(seq_id)
-
-    def seq_add(self, seq_id: int, p0: int, p1: int, delta: int) -> None:
-        for c in self._both():
-            c.seq_add(seq_id, p0, p1, delta)
-
-    def seq_div(self, seq_id: int, p0: int, p1: int, d: int) -> None:
-        for c in self._both():
-            c.seq_div(seq_id, p0, p1, d)
 
     def seq_pos_min(self, seq_id: int) -> int:
         return self.swa.seq_pos_min(seq_id)
@@ -95,10 +79,6 @@ class ISWACache(Memory):
 
     def seq_pos_max_all(self) -> dict[int, int]:
         return self.swa.seq_pos_max_all()
-
-    def clear(self) -> None:
-        for c in self._both():
-            c.clear()
 
     def n_keep(self, seq_id: int, n: int) -> int:
         """``n`` when the window part still holds the positions the token at ``n`` sees (as
@@ -117,9 +97,9 @@ class ISWACache(Memory):
         )  # fmt: skip
 
     def apply_shift(self, rope, freqs: np.ndarray) -> None:
-        ropes = list(rope) if isinstance(rope, list | tuple) else [rope] * len(self.layer_swa)
-        self.base.apply_shift([r for r, s in zip(ropes, self.layer_swa) if not s], freqs)
-        self.swa.apply_shift([r for r, s in zip(ropes, self.layer_swa) if s], freqs)
+        base, swa = self._split_ropes(rope, self.layer_swa)
+        self.base.apply_shift(base, freqs)
+        self.swa.apply_shift(swa, freqs)
 
     def forward_arrays(self) -> tuple:
         """``(k, v, k_swa, v_swa, info)``, ``info`` = k type, v type, row bytes, cells of
@@ -130,23 +110,3 @@ class ISWACache(Memory):
             info = np.array([*info[:4], self.swa.n_ctx], np.int64)
             self._arrays = (k, v, ks, vs, info)
         return self._arrays
-
-    # ------------------------------------------------------------------ state
-    def get_state(self) -> dict[str, np.ndarray]:
-        out = {f"base.{k}": a for k, a in self.base.get_state().items()}
-        out.update({f"swa.{k}": a for k, a in self.swa.get_state().items()})
-        return out
-
-    def set_state(self, state: dict[str, np.ndarray]) -> None:
-        base, swa = state_parts(state, ("base", "swa"), "sliding-window layers")
-        parts = [self.base.check_state(base), self.swa.check_state(swa)]  # both before either
-        self.base._load(parts[0])
-        self.swa._load(parts[1])
-
-    @property
-    def nbytes(self) -> int:
-        return self.base.nbytes + self.swa.nbytes
-
-    @property
-    def n_used(self) -> int:
-        return self.base.n_used

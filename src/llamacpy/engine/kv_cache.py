@@ -22,7 +22,7 @@ from ..errors import LlamacpyError, UsageError
 from ..models.common import lazy_zeros
 from ..ops.attention import KV_F16, KV_F32, KV_Q8_0, kv_row_bytes, rope_shift_rows
 from .batch import UBatch
-from .memory import Memory, Slots
+from .memory import Memory, Slots, state_fields
 
 CACHE_TYPES = {"f32": KV_F32, "f16": KV_F16, "q8_0": KV_Q8_0}
 N_KV_PAD = 256  # ggml pads the attended range to a multiple of 256 cells
@@ -306,17 +306,13 @@ class KVCache(Memory):
     def check_state(self, state: dict[str, np.ndarray]) -> tuple:
         """The arrays of a :meth:`get_state` snapshot, checked against this cache's layout
         (a ``UsageError`` naming the mismatch; nothing is changed)."""
-        try:
-            layout = np.asarray(state["layout"])
-            k, v, pos = state["k"], state["v"], np.asarray(state["pos"], np.int32)
-            seq, shift = np.asarray(state["seq"], np.uint64), np.asarray(state["shift"], np.int32)
-        except KeyError as e:
-            raise UsageError(f"KV cache state: missing field {e}") from None
-        if not np.array_equal(layout, self.layout()):
-            raise UsageError(
-                f"the state was saved from a different model or cache type "
-                f"(layout {layout.tolist()}, this cache {self.layout().tolist()})"
-            )
+        k, v, pos, seq, shift = state_fields(
+            state,
+            "KV cache",
+            {"k": None, "v": None, "pos": np.int32, "seq": np.uint64, "shift": np.int32},
+            self.layout(),
+            "the state was saved from a different model or cache type (layout {}, this cache {})",
+        )
         n = len(pos)
         if n > self.n_ctx:
             raise UsageError(f"the state holds {n} cells but this cache has n_ctx = {self.n_ctx}")

@@ -33,6 +33,8 @@ The kinds:
   only its last position; ``Slots.rows`` gives each token's state row;
 * :class:`~.recurrent.HybridMemory`: a KV cache for the attention layers and a recurrent
   memory for the others (``seq_rm`` tried on the recurrent part first).
+
+The two-part kinds derive from :class:`PairedMemory`.
 """
 
 from __future__ import annotations
@@ -78,6 +80,26 @@ def state_parts(state: dict[str, np.ndarray], names: tuple[str, ...], kind: str)
             )
         parts.append(sub)
     return parts
+
+
+def state_fields(
+    state: dict[str, np.ndarray],
+    what: str,
+    fields: dict[str, type | None],
+    layout: np.ndarray,
+    mismatch: str,
+) -> list[np.ndarray]:
+    """The arrays ``fields`` (name -> dtype, None: as saved) of a saved state, once its
+    ``layout`` equals this memory's; a ``UsageError`` (``"{what} state: missing field"``, or
+    ``mismatch`` formatted with the saved and this memory's layouts) otherwise."""
+    try:
+        saved = np.asarray(state["layout"])
+        arrays = [np.asarray(state[k], dt) for k, dt in fields.items()]
+    except KeyError as e:
+        raise UsageError(f"{what} state: missing field {e}") from None
+    if not np.array_equal(saved, layout):
+        raise UsageError(mismatch.format(saved.tolist(), layout.tolist()))
+    return arrays
 
 
 class Memory(ABC):
@@ -160,3 +182,67 @@ class Memory(ABC):
     @abstractmethod
     def n_used(self) -> int:
         """Cells (or rows) in use."""
+
+
+class PairedMemory(Memory):
+    """Two memories behind one (an iSWA cache's global and window parts, a hybrid memory's
+    attention and recurrent parts): ``PARTS`` names the attributes holding them, which are
+    also the prefixes of their saved states, and ``KIND`` the models such a state comes from.
+    Sequence changes go to both parts in order; ``nbytes`` is both parts', ``n_used`` the
+    first's."""
+
+    PARTS: tuple[str, str]
+    KIND: str
+
+    def _both(self) -> tuple[Memory, Memory]:
+        return getattr(self, self.PARTS[0]), getattr(self, self.PARTS[1])
+
+    @staticmethod
+    def _split_ropes(rope, second: tuple[bool, ...]) -> tuple[list, list]:
+        """A per-layer rope list (or one rope for every layer) split into the layers of the
+        first part and those of the second (``second[il]``)."""
+        ropes = list(rope) if isinstance(rope, list | tuple) else [rope] * len(second)
+        return [r for r, s in zip(ropes, second) if not s], [r for r, s in zip(ropes, second) if s]
+
+    # ------------------------------------------------------------------ sequences
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        for m in self._both():
+            m.seq_cp(src, dst, p0, p1)
+
+    def seq_keep(self, seq_id: int) -> None:
+        for m in self._both():
+            m.seq_keep(seq_id)
+
+    def seq_add(self, seq_id: int, p0: int, p1: int, delta: int) -> None:
+        for m in self._both():
+            m.seq_add(seq_id, p0, p1, delta)
+
+    def seq_div(self, seq_id: int, p0: int, p1: int, d: int) -> None:
+        for m in self._both():
+            m.seq_div(seq_id, p0, p1, d)
+
+    def clear(self) -> None:
+        for m in self._both():
+            m.clear()
+
+    # ------------------------------------------------------------------ state
+    def get_state(self) -> dict[str, np.ndarray]:
+        out = {}
+        for name, m in zip(self.PARTS, self._both()):
+            out.update({f"{name}.{k}": a for k, a in m.get_state().items()})
+        return out
+
+    def set_state(self, state: dict[str, np.ndarray]) -> None:
+        parts = state_parts(state, self.PARTS, self.KIND)
+        mems = self._both()
+        checked = [m.check_state(st) for m, st in zip(mems, parts)]  # both before either
+        for m, arrays in zip(mems, checked):
+            m._load(arrays)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(m.nbytes for m in self._both())
+
+    @property
+    def n_used(self) -> int:
+        return self._both()[0].n_used

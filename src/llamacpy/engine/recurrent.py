@@ -38,7 +38,7 @@ from ..errors import UsageError
 from ..models.common import lazy_zeros
 from .batch import UBatch
 from .kv_cache import KVCache
-from .memory import Memory, Slots, state_parts
+from .memory import Memory, PairedMemory, Slots, state_fields
 
 _POS_END = np.iinfo(np.int32).max
 
@@ -203,17 +203,13 @@ class RecurrentMemory(Memory):
     def check_state(self, state: dict[str, np.ndarray]) -> tuple:
         """The arrays of a :meth:`get_state` snapshot, checked against this memory (a
         ``UsageError`` naming the mismatch; nothing is changed)."""
-        try:
-            layout = np.asarray(state["layout"])
-            seq, pos = np.asarray(state["seq"], np.int32), np.asarray(state["pos"], np.int32)
-            conv, ssm = np.asarray(state["conv"]), np.asarray(state["ssm"])
-        except KeyError as e:
-            raise UsageError(f"recurrent state: missing field {e}") from None
-        if not np.array_equal(layout, self.layout()):
-            raise UsageError(
-                f"the state was saved from a different model (recurrent layout "
-                f"{layout.tolist()}, this memory {self.layout().tolist()})"
-            )
+        seq, pos, conv, ssm = state_fields(
+            state,
+            "recurrent",
+            {"seq": np.int32, "pos": np.int32, "conv": None, "ssm": None},
+            self.layout(),
+            "the state was saved from a different model (recurrent layout {}, this memory {})",
+        )
         n = len(seq)
         if n and (seq.min() < 0 or seq.max() >= self.n_seq_max or len(set(seq.tolist())) < n):
             raise UsageError(
@@ -244,9 +240,12 @@ class RecurrentMemory(Memory):
         return int((self.pos >= 0).sum())
 
 
-class HybridMemory(Memory):
+class HybridMemory(PairedMemory):
     """A KV cache for the attention layers and a recurrent memory for the others (see the
     module docstring); ``layer_recurrent[il]`` says which part layer ``il`` uses."""
+
+    PARTS = ("attn", "recr")
+    KIND = "recurrent and attention layers"
 
     def __init__(
         self,
@@ -277,22 +276,6 @@ class HybridMemory(Memory):
             return False  # nothing changed
         return self.attn.seq_rm(seq_id, p0, p1)
 
-    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
-        self.attn.seq_cp(src, dst, p0, p1)
-        self.recr.seq_cp(src, dst, p0, p1)
-
-    def seq_keep(self, seq_id: int) -> None:
-        self.attn.seq_keep(seq_id)
-        self.recr.seq_keep(seq_id)
-
-    def seq_add(self, seq_id: int, p0: int, p1: int, delta: int) -> None:
-        self.attn.seq_add(seq_id, p0, p1, delta)
-        self.recr.seq_add(seq_id, p0, p1, delta)
-
-    def seq_div(self, seq_id: int, p0: int, p1: int, d: int) -> None:
-        self.attn.seq_div(seq_id, p0, p1, d)
-        self.recr.seq_div(seq_id, p0, p1, d)
-
     def seq_pos_min(self, seq_id: int) -> int:
         """The later of the two parts' first positions (llama.cpp)."""
         return max(self.attn.seq_pos_min(seq_id), self.recr.seq_pos_min(seq_id))
@@ -305,10 +288,6 @@ class HybridMemory(Memory):
         a, r = self.attn.seq_pos_max_all(), self.recr.seq_pos_max_all()
         return {s: min(p, a[s]) for s, p in r.items() if s in a}
 
-    def clear(self) -> None:
-        self.attn.clear()
-        self.recr.clear()
-
     def n_keep(self, seq_id: int, n: int) -> int:
         return min(self.attn.n_keep(seq_id, n), self.recr.n_keep(seq_id, n))
 
@@ -320,8 +299,7 @@ class HybridMemory(Memory):
         return sl
 
     def apply_shift(self, rope, freqs: np.ndarray) -> None:
-        ropes = list(rope) if isinstance(rope, list | tuple) else [rope] * len(self.layer_recurrent)
-        attn = [r for r, rec in zip(ropes, self.layer_recurrent) if not rec]
+        attn, _ = self._split_ropes(rope, self.layer_recurrent)
         self.attn.apply_shift(attn or [None], freqs)
 
     def forward_arrays(self) -> tuple:
@@ -334,23 +312,3 @@ class HybridMemory(Memory):
             info = np.concatenate([kvi, ri]).astype(np.int64)
             self._arrays = (k, v, conv.view(np.uint8), ssm.view(np.uint8), info)
         return self._arrays
-
-    # ------------------------------------------------------------------ state
-    def get_state(self) -> dict[str, np.ndarray]:
-        out = {f"attn.{k}": a for k, a in self.attn.get_state().items()}
-        out.update({f"recr.{k}": a for k, a in self.recr.get_state().items()})
-        return out
-
-    def set_state(self, state: dict[str, np.ndarray]) -> None:
-        attn, recr = state_parts(state, ("attn", "recr"), "recurrent and attention layers")
-        checked = self.attn.check_state(attn), self.recr.check_state(recr)
-        self.attn._load(checked[0])  # both checked before either changes
-        self.recr._load(checked[1])
-
-    @property
-    def nbytes(self) -> int:
-        return self.attn.nbytes + self.recr.nbytes
-
-    @property
-    def n_used(self) -> int:
-        return self.attn.n_used

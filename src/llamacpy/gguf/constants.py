@@ -243,3 +243,12 @@ KEY_SPLIT_TENSORS_COUNT = "split.tensors.count"
 KEY_ALIGNMENT = "general.alignment"
 KEY_ARCHITECTURE = "general.architecture"
 KEY_FILE_TYPE = "general.file_type"
+
+# The recommended-sampling keys ``general.sampling.<name>`` llama.cpp reads (common.cpp) and
+# its converter writes, in the order written: name -> kind ("seq": a sampler sequence string,
+# "int": int32, "float": float32).
+GENERAL_SAMPLING = dict(
+    sequence="seq", top_k="int", top_p="float", min_p="float", xtc_probability="float",
+    xtc_threshold="float", temp="float", penalty_last_n="int", penalty_repeat="float",
+    mirostat="int", mirostat_tau="float", mirostat_eta="float",
+)  # fmt: skip

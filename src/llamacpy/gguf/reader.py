@@ -22,7 +22,7 @@ import os
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
@@ -122,7 +122,48 @@ class TensorInfo:
         return self.raw.reshape((*self.np_shape[:-1], row_bytes))
 
 
-class GGUFReader:
+class FieldsAndTensors:
+    """Lookups shared by a GGUF file and a (split) model: ``fields`` (key -> :class:`Field`,
+    in file order), ``tensors`` (in order) and ``_tensor_index`` (name -> tensor), and
+    ``close()`` at the end of a ``with`` block."""
+
+    path: str
+    fields: dict[str, Field]
+    tensors: list[TensorInfo]
+    _tensor_index: dict[str, TensorInfo]
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """Key -> value (Python scalar, str, numpy array or list), in file order."""
+        return {k: f.value for k, f in self.fields.items()}
+
+    def get(self, key: str, default: Any = None) -> Any:
+        f = self.fields.get(key)
+        return default if f is None else f.value
+
+    def tensor(self, name: str) -> TensorInfo:
+        try:
+            return self._tensor_index[name]
+        except KeyError:
+            raise GGUFError(f"no tensor named {name!r}", path=self.path, tensor=name) from None
+
+    def has_tensor(self, name: str) -> bool:
+        return name in self._tensor_index
+
+    def __iter__(self) -> Iterator[TensorInfo]:
+        return iter(self.tensors)
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class GGUFReader(FieldsAndTensors):
     """An open GGUF file.
 
     >>> with GGUFReader("model.gguf") as r:   # doctest: +SKIP
@@ -164,27 +205,6 @@ class GGUFReader:
             raise
 
     # ----------------------------------------------------------------- public API
-    @property
-    def metadata(self) -> dict[str, Any]:
-        """Key -> value (Python scalar, str, numpy array or list), in file order."""
-        return {k: f.value for k, f in self.fields.items()}
-
-    def get(self, key: str, default: Any = None) -> Any:
-        f = self.fields.get(key)
-        return default if f is None else f.value
-
-    def tensor(self, name: str) -> TensorInfo:
-        try:
-            return self._tensor_index[name]
-        except KeyError:
-            raise GGUFError(f"no tensor named {name!r}", path=self.path, tensor=name) from None
-
-    def has_tensor(self, name: str) -> bool:
-        return name in self._tensor_index
-
-    def __iter__(self) -> Iterator[TensorInfo]:
-        return iter(self.tensors)
-
     def close(self) -> None:
         """Release the mapping. Views handed out keep it alive until they are dropped."""
         mm, self._mmap = self._mmap, None
@@ -193,12 +213,6 @@ class GGUFReader:
                 mm.close()
             except BufferError:
                 pass  # numpy views still point into it; it is unmapped when they are freed
-
-    def __enter__(self) -> GGUFReader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # ----------------------------------------------------------------- parsing
     def _err(self, msg: str, offset: int | None = None, **kw: Any) -> GGUFError:

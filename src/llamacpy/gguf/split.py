@@ -28,10 +28,9 @@ import contextlib
 import os
 import re
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ..errors import GGUFError, UsageError
 from .constants import (
@@ -41,7 +40,7 @@ from .constants import (
     KEY_SPLIT_TENSORS_COUNT,
     GGUFValueType,
 )
-from .reader import Field, GGUFReader, TensorInfo
+from .reader import Field, FieldsAndTensors, GGUFReader, TensorInfo
 from .writer import GGUFWriter
 
 SPLIT_KEYS = (KEY_SPLIT_NO, KEY_SPLIT_COUNT, KEY_SPLIT_TENSORS_COUNT)
@@ -149,7 +148,7 @@ def shard_paths(first_shard: str | os.PathLike[str]) -> list[Path]:
 
 
 # --------------------------------------------------------------------------- opening models
-class GGUFModelFile:
+class GGUFModelFile(FieldsAndTensors):
     """A model opened from its GGUF file, or from the first shard of a split model.
 
     * ``fields``: the model's metadata, in file order. For a split model these are the first
@@ -211,15 +210,17 @@ class GGUFModelFile:
                         path=str(p),
                     )
         self.tensors: list[TensorInfo] = []
-        self._index: dict[str, tuple[int, TensorInfo]] = {}
+        self._tensor_index: dict[str, TensorInfo] = {}
+        self._shard_no: dict[str, int] = {}
         for i, r in enumerate(self.readers):
             for t in r.tensors:
-                if t.name in self._index:
-                    other = self.paths[self._index[t.name][0]]
+                if t.name in self._shard_no:
+                    other = self.paths[self._shard_no[t.name]]
                     raise GGUFError(
                         f"duplicate tensor: it is also in {other}", path=r.path, tensor=t.name
                     )
-                self._index[t.name] = (i, t)
+                self._tensor_index[t.name] = t
+                self._shard_no[t.name] = i
                 self.tensors.append(t)
         if self.is_split and n_total is not None and n_total != len(self.tensors):
             raise GGUFError(
@@ -237,40 +238,14 @@ class GGUFModelFile:
     def alignment(self) -> int:
         return self.readers[0].alignment
 
-    @property
-    def metadata(self) -> dict[str, Any]:
-        return {k: f.value for k, f in self.fields.items()}
-
-    def get(self, key: str, default: Any = None) -> Any:
-        f = self.fields.get(key)
-        return default if f is None else f.value
-
-    def tensor(self, name: str) -> TensorInfo:
-        try:
-            return self._index[name][1]
-        except KeyError:
-            raise GGUFError(f"no tensor named {name!r}", path=self.path, tensor=name) from None
-
-    def has_tensor(self, name: str) -> bool:
-        return name in self._index
-
     def shard_of(self, name: str) -> int:
         """Index of the shard that holds tensor ``name``."""
         self.tensor(name)
-        return self._index[name][0]
-
-    def __iter__(self) -> Iterator[TensorInfo]:
-        return iter(self.tensors)
+        return self._shard_no[name]
 
     def close(self) -> None:
         for r in self.readers:
             r.close()
-
-    def __enter__(self) -> GGUFModelFile:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 # --------------------------------------------------------------------------- split
@@ -432,14 +407,15 @@ def split_gguf(
             for t in plan.tensors:
                 w.add_tensor_info(t)
             writers.append(w)
-        _write_all(writers, outs, progress)
+        write_shards(writers, outs, progress)
     return outs
 
 
-def _write_all(
+def write_shards(
     writers: list[GGUFWriter], outs: list[Path], progress: Callable[[str, int], None] | None
 ) -> None:
-    """Write every writer to a staging file beside its output, then rename all into place."""
+    """Write every writer to a staging file beside its output, then rename all into place
+    (only when all are written: on any error no output is left behind)."""
     staged: list[Path] = []
     placed: list[tuple[Path, int]] = []
     try:

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..gguf.constants import GENERAL_SAMPLING
 from .base import SamplingError, check_float, check_int, check_seed, invalid
 from .basic import Dist, LogitBias, Temp, TempExt
 from .chain import SamplerChain
@@ -191,18 +192,8 @@ class SamplingParams:
 
 # general.sampling.* key -> (field, kind); the 12 keys llama.cpp reads (common.cpp)
 GGUF_SAMPLING_KEYS: dict[str, tuple[str, str]] = {
-    "general.sampling.sequence": ("samplers", "seq"),
-    "general.sampling.top_k": ("top_k", "int"),
-    "general.sampling.top_p": ("top_p", "float"),
-    "general.sampling.min_p": ("min_p", "float"),
-    "general.sampling.xtc_probability": ("xtc_probability", "float"),
-    "general.sampling.xtc_threshold": ("xtc_threshold", "float"),
-    "general.sampling.temp": ("temp", "float"),
-    "general.sampling.penalty_last_n": ("penalty_last_n", "int"),
-    "general.sampling.penalty_repeat": ("penalty_repeat", "float"),
-    "general.sampling.mirostat": ("mirostat", "int"),
-    "general.sampling.mirostat_tau": ("mirostat_tau", "float"),
-    "general.sampling.mirostat_eta": ("mirostat_eta", "float"),
+    f"general.sampling.{name}": ("samplers" if name == "sequence" else name, kind)
+    for name, kind in GENERAL_SAMPLING.items()
 }
 
 _INT_RE = re.compile(r"\s*[+-]?\d+")

@@ -74,13 +74,14 @@ def _top_p_kernel(logit, id, p, size, is_sorted, top_p, min_keep):
     return last_idx
 
 
-class TopP(Sampler):
-    """Nucleus sampling: the smallest prefix (by probability) reaching ``p``, at least ``min_keep``."""
+class _ProbabilityMass(Sampler):
+    """A sampler keeping candidates up to a probability mass ``p`` (at least ``min_keep`` of
+    them; ``p >= 1`` disables it): ``param`` names ``p`` in errors, :meth:`_truncate` keeps."""
 
-    name = "top-p"
+    param = "p"
 
     def __init__(self, p: float, min_keep: int = 0) -> None:
-        self.p = check_float("top_p", p, lo=0.0, hi=1.0)
+        self.p = check_float(self.param, p, lo=0.0, hi=1.0)
         self.min_keep = check_int("min_keep", min_keep, lo=0)
 
     @property
@@ -88,8 +89,20 @@ class TopP(Sampler):
         return bool(self.p >= 1.0)
 
     def apply(self, cur: TokenDataArray) -> None:
-        if self.p >= 1.0:
-            return
+        if not self.is_noop:
+            self._truncate(cur)
+
+    def _truncate(self, cur: TokenDataArray) -> None:
+        raise NotImplementedError
+
+
+class TopP(_ProbabilityMass):
+    """Nucleus sampling: the smallest prefix (by probability) reaching ``p``, at least ``min_keep``."""
+
+    name = "top-p"
+    param = "top_p"
+
+    def _truncate(self, cur: TokenDataArray) -> None:
         cur.softmax(False)
         last = _top_p_kernel(cur.logit, cur.id, cur.p, cur.size, cur.sorted, self.p, self.min_keep)
         cur.sorted = True
@@ -179,22 +192,13 @@ def _typical_kernel(logit, id, p, size, typ_p, min_keep):
     return last_idx
 
 
-class Typical(Sampler):
+class Typical(_ProbabilityMass):
     """Locally typical sampling: candidates whose surprise is closest to the entropy."""
 
     name = "typical"
+    param = "typ_p"
 
-    def __init__(self, p: float, min_keep: int = 0) -> None:
-        self.p = check_float("typ_p", p, lo=0.0, hi=1.0)
-        self.min_keep = check_int("min_keep", min_keep, lo=0)
-
-    @property
-    def is_noop(self) -> bool:
-        return bool(self.p >= 1.0)
-
-    def apply(self, cur: TokenDataArray) -> None:
-        if self.p >= 1.0:
-            return
+    def _truncate(self, cur: TokenDataArray) -> None:
         cur.softmax(True)
         cur.size = int(_typical_kernel(cur.logit, cur.id, cur.p, cur.size, self.p, self.min_keep))
         cur.sorted = False

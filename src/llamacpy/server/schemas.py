@@ -91,13 +91,18 @@ class Fields:
         v = self.data.get(name)
         return default if v is None else v
 
-    def bool(self, name: str, default: bool) -> bool:
+    def _typed(self, name: str, kind: type, what: str, default: Any = None) -> Any:
+        """The field ``name`` (``default`` when absent or null); a 400 unless a ``kind``
+        (``what`` in the message)."""
         v = self.data.get(name)
         if v is None:
             return default
-        if not isinstance(v, bool):
-            raise bad_request(f"'{name}' must be a boolean")
+        if not isinstance(v, kind):
+            raise bad_request(f"'{name}' must be {what}")
         return v
+
+    def bool(self, name: str, default: bool) -> bool:
+        return self._typed(name, bool, "a boolean", default)
 
     def int(self, name: str, default: int, lo: int | None = None, hi: int | None = None) -> int:
         v = self.data.get(name)
@@ -120,30 +125,18 @@ class Fields:
         return _range(name, float(v), lo, hi)
 
     def str(self, name: str, default: str | None = None, max_len: int = 1 << 20) -> str | None:
-        v = self.data.get(name)
+        v = self._typed(name, str, "a string")
         if v is None:
             return default
-        if not isinstance(v, str):
-            raise bad_request(f"'{name}' must be a string")
         if len(v) > max_len:
             raise bad_request(f"'{name}' is longer than {max_len} characters")
         return v
 
     def list(self, name: str) -> list[Any] | None:
-        v = self.data.get(name)
-        if v is None:
-            return None
-        if not isinstance(v, list):
-            raise bad_request(f"'{name}' must be an array")
-        return v
+        return self._typed(name, list, "an array")
 
     def obj(self, name: str) -> dict[str, Any] | None:
-        v = self.data.get(name)
-        if v is None:
-            return None
-        if not isinstance(v, dict):
-            raise bad_request(f"'{name}' must be an object")
-        return v
+        return self._typed(name, dict, "an object")
 
 
 def _range(name: str, v: Any, lo: Any, hi: Any) -> Any:

@@ -17,6 +17,15 @@ def fnv1a(data, start, length):  # pragma: no cover - numba
     return h
 
 
+@njit(cache=True, inline="always")
+def same_bytes(a, ao, b, bo, n):  # pragma: no cover - numba
+    """``a[ao:ao+n] == b[bo:bo+n]``."""
+    for k in range(n):  # noqa: SIM110 (numba)
+        if a[ao + k] != b[bo + k]:
+            return False
+    return True
+
+
 def _capacity(n: int) -> int:
     cap = 16
     while cap < 2 * n + 1:
@@ -39,15 +48,9 @@ def _build_bytes_table(buf, offsets, cap):  # pragma: no cover - numba
                 break
             # same text: the later id wins (std::unordered_map operator[] semantics)
             js = offsets[j]
-            if offsets[j + 1] - js == n:
-                same = True
-                for k in range(n):
-                    if buf[js + k] != buf[s + k]:
-                        same = False
-                        break
-                if same:
-                    table[slot] = i
-                    break
+            if offsets[j + 1] - js == n and same_bytes(buf, js, buf, s, n):
+                table[slot] = i
+                break
             slot = (slot + np.uint64(1)) & mask
     return table
 
@@ -71,14 +74,8 @@ def lookup_bytes(table, buf, offsets, data, start, length):  # pragma: no cover 
         if j < 0:
             return -1
         js = offsets[j]
-        if offsets[j + 1] - js == length:
-            same = True
-            for k in range(length):
-                if buf[js + k] != data[start + k]:
-                    same = False
-                    break
-            if same:
-                return j
+        if offsets[j + 1] - js == length and same_bytes(buf, js, data, start, length):
+            return j
         slot = (slot + np.uint64(1)) & mask
 
 

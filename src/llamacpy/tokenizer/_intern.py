@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ._hashtab import fnv1a
+from ._hashtab import fnv1a, same_bytes
 
 _FNV_PRIME = np.uint64(0x100000001B3)
 
@@ -59,20 +59,13 @@ def _lookup_or_add(
         j = table[slot]
         if j < 0:
             break
-        if str_len[j] == total:
-            st = str_start[j]
-            same = True
-            for k in range(n1):
-                if arena[st + k] != buf1[s1 + k]:
-                    same = False
-                    break
-            if same:
-                for k in range(n2):
-                    if arena[st + n1 + k] != buf2[s2 + k]:
-                        same = False
-                        break
-            if same:
-                return j, n_str, arena_used
+        st = str_start[j]
+        if (
+            str_len[j] == total
+            and same_bytes(arena, st, buf1, s1, n1)
+            and same_bytes(arena, st + n1, buf2, s2, n2)
+        ):
+            return j, n_str, arena_used
         slot = (slot + np.uint64(1)) & mask
     sid = n_str
     str_start[sid] = arena_used
@@ -123,15 +116,9 @@ def build_merge_table(tok_buf, tok_off, m_buf, m_off, extra_buf, extra_off):  # 
             if j < 0:
                 table[slot] = i
                 break
-            if str_len[j] == n:
-                same = True
-                for k in range(n):
-                    if arena[str_start[j] + k] != tok_buf[s + k]:
-                        same = False
-                        break
-                if same:
-                    table[slot] = i
-                    break
+            if str_len[j] == n and same_bytes(arena, str_start[j], tok_buf, s, n):
+                table[slot] = i
+                break
             slot = (slot + np.uint64(1)) & mask
     n_str = n_tok
     keys = np.empty(n_m, np.int64)

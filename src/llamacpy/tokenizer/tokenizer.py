@@ -32,6 +32,11 @@ def _as_bytes(text: str | bytes | bytearray | memoryview) -> bytes:
     raise TypeError(f"text must be str or bytes, not {type(text).__name__}")
 
 
+def _special_id(name: str) -> property:
+    """A :class:`Tokenizer` property: the id of the vocabulary's ``name`` token."""
+    return property(lambda tok: tok.vocab.id(name), doc=f"The {name} token's id (NULL: none).")
+
+
 class Tokenizer:
     """Tokenizer built only from GGUF metadata, token-for-token identical to llama.cpp."""
 
@@ -99,33 +104,9 @@ class Tokenizer:
     def n_vocab(self) -> int:
         return self.vocab.n_tokens
 
-    @property
-    def bos(self) -> int:
-        return self.vocab.id("bos")
-
-    @property
-    def eos(self) -> int:
-        return self.vocab.id("eos")
-
-    @property
-    def eot(self) -> int:
-        return self.vocab.id("eot")
-
-    @property
-    def eom(self) -> int:
-        return self.vocab.id("eom")
-
-    @property
-    def sep(self) -> int:
-        return self.vocab.id("sep")
-
-    @property
-    def pad(self) -> int:
-        return self.vocab.id("pad")
-
-    @property
-    def unk(self) -> int:
-        return self.vocab.id("unk")
+    bos, eos, eot, eom, sep, pad, unk = map(
+        _special_id, ("bos", "eos", "eot", "eom", "sep", "pad", "unk")
+    )
 
     @property
     def nl(self) -> int:
