@@ -267,10 +267,12 @@ class WeightStore:
         return Experts(first, info.name, GGMLType(info.type), n_expert, nrows, ncols)
 
     def vector(self, info: TensorInfo) -> Vector:
-        if info.type != GGMLType.F32 or len(info.shape) != 1:
-            raise ModelError(f"tensor {info.name!r} must be a 1-D F32 vector")
-        v = Vector(self._fsize, info.name, info.shape[0])
-        self._fsize += -(-info.shape[0] // 16) * 16
+        """A 1-D F32 tensor, or a 2-D one as its rows one after another (experts' biases)."""
+        if info.type != GGMLType.F32 or len(info.shape) > 2:
+            raise ModelError(f"tensor {info.name!r} must be a 1-D or 2-D F32 tensor")
+        size = int(np.prod(info.shape))
+        v = Vector(self._fsize, info.name, size)
+        self._fsize += -(-size // 16) * 16
         self.vectors.append((v, info))
         return v
 
