@@ -12,7 +12,8 @@ continuation of ``prompt``. Cases: ``qwen2``, ``qwen3``, ``phi3`` (context 256: 
 factors; ``phi3_long``: the same file in a context of 512, above the original context of
 256, so the long factors; llama.cpp rounds contexts up to multiples of 256 before it
 chooses), ``llama_swa`` (a llama file with ``llama.attention.sliding_window`` = 4),
-``smollm3``, ``qwen3moe`` (4 experts, 2 used) and ``mixtral`` (a llama file with 4 experts).
+``smollm3``, ``qwen3moe`` (4 experts, 2 used), ``mixtral`` (a llama file with 4 experts) and
+``gpt-oss``. ``--cases A,B`` recomputes those cases only and keeps the others' fixtures.
 
 The oracle runs in a subprocess (``--oracle-py``, the llama-cpp-python interpreter); the
 tests never need it.
@@ -77,13 +78,23 @@ def oracle(py: str, code: str) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--oracle-py", default=ORACLE_PY)
+    ap.add_argument("--cases", help="comma-separated cases to recompute (default: all)")
     args = ap.parse_args()
     out: dict[str, np.ndarray] = {
         "tokens": np.array(TOKENS, np.int32),
         "prompt": np.array(PROMPT, np.int32),
     }
+    cases = list(CASES)
+    if args.cases:
+        cases = args.cases.split(",")
+        unknown = [c for c in cases if c not in CASES]
+        if unknown:
+            ap.error(f"unknown cases {unknown}; known: {', '.join(CASES)}")
+        with np.load(FIX / "arch_logits.npz") as old:
+            out.update({k: old[k] for k in old.files if k.split(".")[0] not in cases})
     with tempfile.TemporaryDirectory() as tmp:
-        for case, (arch, opts, n_ctx) in CASES.items():
+        for case in cases:
+            arch, opts, n_ctx = CASES[case]
             for t in TYPES:
                 key = f"{case}.{t.name}"
                 path = Path(tmp) / f"{arch}_{t.name}.gguf"

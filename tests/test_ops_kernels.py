@@ -10,6 +10,7 @@ from llamacpy.ops import attention_ref as AR
 from llamacpy.ops.attention import KV_F16, KV_F32, KV_Q8_0
 
 NO_ORDER = np.zeros(0, np.int32)
+NO_SINKS = np.zeros(0, np.float32)
 
 F32 = np.float32
 
@@ -87,10 +88,14 @@ def _cache(rng, kv_type: int, n_kv: int, hd: int, nkv: int):
 
 @pytest.mark.parametrize("kv_type", [KV_F16, KV_F32, KV_Q8_0], ids=["f16", "f32", "q8_0"])
 @pytest.mark.parametrize("mode", [0, 1, 2], ids=["rows", "tiled", "split"])
-def test_attention_matches_twin(kv_type: int, mode: int) -> None:
+@pytest.mark.parametrize("sinks", [False, True], ids=["", "sinks"])
+def test_attention_matches_twin(kv_type: int, mode: int, sinks: bool) -> None:
+    """Every regime equals its numpy twin; with attention sinks (one score per head, some
+    above every cell's score so that the sink rescales the accumulator, some below)."""
     if mode and kv_type == KV_Q8_0:
         pytest.skip("the tiled and split paths are for f16/f32 caches (as in ggml)")
     rng = np.random.default_rng(6)
+    sk = np.array([-2.0, 0.5, 2.5, 4.0], F32) if sinks else np.zeros(0, F32)
     nh, nkv, hd, n_kv = 4, 2, 64, (96, 200, 600)[mode]
     # tiled: 150 rows (blocks of 16, 32 or 64 rows with a short last one; pairs and singles)
     n = (21, 150, 1)[mode]
@@ -104,7 +109,16 @@ def test_attention_matches_twin(kv_type: int, mode: int) -> None:
     keys = np.stack([AR.load_rows_numpy(kc[h], hd, kv_type) for h in range(nkv)])
     vals = np.stack([AR.load_rows_numpy(vc[h], hd, kv_type) for h in range(nkv)])
     want = AR.attention_numpy(
-        q.reshape(n, nh, hd), keys, vals, mask, kv_type, kv_type, mode, nth, F32(0.125)
+        q.reshape(n, nh, hd),
+        keys,
+        vals,
+        mask,
+        kv_type,
+        kv_type,
+        mode,
+        nth,
+        F32(0.125),
+        sk if sinks else None,
     )
     out = np.zeros((n, nh * hd), F32)
     qv, qq, vb, res = (
@@ -118,7 +132,7 @@ def test_attention_matches_twin(kv_type: int, mode: int) -> None:
     kv = (kc.reshape(-1), vc.reshape(-1), 0, n_kv * rb)  # flat caches, layer base, head stride
     if mode == 0:
         attention.attention_rows(
-            0, 1, n, n_kv, *args, kv_type, rb, q, *kv, mask, NO_ORDER, out, qv, qq, vb, res
+            0, 1, n, n_kv, *args, kv_type, rb, q, *kv, mask, NO_ORDER, out, qv, qq, vb, res, sk
         )
     elif mode == 1:  # softmax states for one query head at a time, the group, blocks of 16
         # to 64 rows; query rows one at a time, then in pairs (score scratch for two): the
@@ -141,6 +155,7 @@ def test_attention_matches_twin(kv_type: int, mode: int) -> None:
                     np.zeros((64, hd), F32),
                     np.zeros(n_scores, F32),
                     np.zeros(n_states, F32),
+                    sk,
                 )
                 np.testing.assert_allclose(out.reshape(n, nh, hd), want, rtol=0, atol=1e-5)
                 first = out.copy() if first is None else first
@@ -154,7 +169,7 @@ def test_attention_matches_twin(kv_type: int, mode: int) -> None:
         for tid in range(nth):
             attention.attention_split_partial(
                 tid, nth, n_kv, *args, kv_type, rb, q, *kv, mask, NO_ORDER, qv, qq, vb, res, pm,
-                ps, pv,
+                ps, pv, sk,
             )  # fmt: skip
         for tid in range(nth):
             attention.attention_split_merge(tid, nth, nh, hd, pm, ps, pv, out, res)
@@ -187,7 +202,7 @@ def test_attention_rows_in_given_order_do_not_depend_on_cell_placement(kv_type: 
         out = np.zeros((n, nh * hd), F32)
         attention.attention_rows(
             0, 1, n, n_kv, nh, nh // nkv, hd, F32(0.125), kv_type, kv_type, rb, q,
-            k_.reshape(-1), v_.reshape(-1), 0, n_kv * rb, m_, order, out, *scratch(),
+            k_.reshape(-1), v_.reshape(-1), 0, n_kv * rb, m_, order, out, *scratch(), NO_SINKS,
         )  # fmt: skip
         outs.append(out)
     np.testing.assert_array_equal(outs[1], outs[0])

@@ -31,6 +31,7 @@ def linear(fset, n_threads, W, desc, A, n, out):
 
 
 _NO_ORDER = np.zeros(0, np.int32)  # cells in cell order
+_NO_SINKS = np.zeros(0, np.float32)  # no attention sinks
 
 
 @njit(cache=True, parallel=True)
@@ -54,7 +55,8 @@ def attention(n_threads, n, n_head, hd, scale, Q, K, V, mask, ATT, kc, vc, TS):
         if n < TILE:
             attention_rows(i, n_threads, n, n, n_head, 1, hd, scale, KV_F16, KV_F16, rowb, Q,
                            kc, vc, 0, hstride, mask, _NO_ORDER, ATT, qv[i], qq[i], vbuf[i],
-                           res[i])  # fmt: skip
+                           res[i], _NO_SINKS)  # fmt: skip
         else:
             attention_tiled(i, n_threads, n, n, n_head, 1, hd, scale, KV_F16, rowb, Q, kc, vc,
-                            0, hstride, mask, ATT, kt[i], vt[i], pt[i], st[i])  # fmt: skip
+                            0, hstride, mask, ATT, kt[i], vt[i], pt[i], st[i],
+                            _NO_SINKS)  # fmt: skip

@@ -105,6 +105,8 @@ class Decoder:
     # divided by their sum (llama.cpp's norm_w), then multiplied by the scale (0: none)
     expert_weights_norm: ClassVar[bool] = False
     expert_weights_scale: ClassVar[float] = 0.0
+    expert_gating: ClassVar[int] = stages.GATING_SOFTMAX  # router logits -> weights
+    expert_act: ClassVar[int] = stages.ACT_SWIGLU  # the experts' activation
 
     # ------------------------------------------------------------------ numeric choices
     def attention_scales(self) -> tuple[float, float]:
@@ -265,8 +267,8 @@ class Decoder:
             hp.n_layer, hp.n_rot, self.token_embd.index, self.output.index,
             self.output_norm.offset, act_need([self.output.type]), hp.extra.get("n_expert", 0),
             hp.extra.get("n_expert_used", 0), hp.extra.get("n_ff_exp", 0),
-            int(self.expert_weights_norm), *(hp.extra.get(k, 0) for k in SSM_KEYS),
-            hp.norm_rms_eps, kq_scale, q_scale,
+            int(self.expert_weights_norm), self.expert_gating, self.expert_act,
+            *(hp.extra.get(k, 0) for k in SSM_KEYS), hp.norm_rms_eps, kq_scale, q_scale,
             self.embd_scale(), self.logit_softcap(), self.expert_weights_scale,
         )  # fmt: skip
         self.model_row = m
@@ -388,8 +390,8 @@ def _read(decls, mf: GGUFModelFile, store: WeightStore, source: TensorSource, hp
         info = mf.tensor(name)
         if d.raw:
             out[d.field] = _raw_f32(source, info, shape_of(hp, d))
-        elif len(d.shape) == 1 or d.flat:
-            out[d.field] = store.vector(info, flat=d.flat)
+        elif len(d.shape) == 1 or d.flat or d.name.endswith(".bias"):  # (experts' biases:
+            out[d.field] = store.vector(info)  # one row each)
         elif len(d.shape) == 3:
             out[d.field] = store.experts(info)
         else:

@@ -83,12 +83,15 @@ class Gemma3Model(Decoder):
         return replace(rope, freq_base=self.hparams.extra["freq_base_swa"], freq_scale=1.0)
 
 
-def swa_layers(md: Mapping[str, Any], arch: str, n_layer: int) -> tuple[bool, ...]:
-    """Which layers use the sliding window (llama.cpp's ``load_swa_pattern``)."""
+def swa_layers(
+    md: Mapping[str, Any], arch: str, n_layer: int, default: int = DEFAULT_SWA_PATTERN
+) -> tuple[bool, ...]:
+    """Which layers use the sliding window (llama.cpp's ``load_swa_pattern``; ``default``: the
+    architecture's pattern when the file has none)."""
     if int(md.get(f"{arch}.attention.sliding_window", 0) or 0) <= 0:
         return (False,) * n_layer
     key = f"{arch}.attention.sliding_window_pattern"
-    pat = md.get(key, DEFAULT_SWA_PATTERN)
+    pat = md.get(key, default)
     if isinstance(pat, list | tuple | np.ndarray):
         if len(pat) != n_layer:
             raise ModelError(f"{key} lists {len(pat)} layers, the model has {n_layer}")

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..ops.activations import geglu_numpy, silu_numpy, swiglu_numpy
+from ..ops.activations import geglu_numpy, silu_numpy, swiglu_numpy, swiglu_oai_numpy
 from ..ops.attention_ref import attention_numpy, load_rows_numpy, store_row_numpy
 from ..ops.dequant import dequantize_repacked_numpy
 from ..ops.matmul import block_mins, matmul_numpy
@@ -35,6 +35,7 @@ from .delta_net_ref import (
     softplus_numpy,
 )
 from .spec import Branch, stage_names
+from .stages import ACT_SWIGLU_OAI, GATING_SOFTMAX_WEIGHT
 
 _F32 = np.float32
 
@@ -117,6 +118,12 @@ class Reference:
         if offset < 0:
             raise ValueError("a stage reads a vector the layer does not have")
         return self._f[offset : offset + n]
+
+    def bias(self, offset: int, n: int, e: int = 0) -> np.ndarray:
+        """Row ``e`` of ``n`` floats of the vector at ``offset`` (0 when the layer has none)."""
+        if offset < 0:
+            return np.zeros(n, _F32)
+        return self._f[offset + n * int(e) : offset + n * (int(e) + 1)]
 
     def norm(self, x: np.ndarray, offset: int) -> np.ndarray:
         """``rms_norm(x) * w`` over the last axis, ``w`` the vector at ``offset``."""
@@ -266,9 +273,10 @@ def attention(r: Reference, p: Pass, L) -> None:
     mask = part.mask[:, : part.n_kv]
     if part.order is not None:  # a deterministic context: cells in order of position
         keys, vals, mask = keys[:, part.order], vals[:, part.order], mask[:, part.order]
+    sinks = r.vec(L["attn_sinks"], int(r.M["n_head"])) if L["attn_sinks"] >= 0 else None
     att = attention_numpy(
         _heads(p.q, d), keys, vals, mask, p.k_type, p.v_type, part.mode, p.n_threads,
-        r.M["kq_scale"],
+        r.M["kq_scale"], sinks,
     )  # fmt: skip
     p.att = att.reshape(len(att), -1)
 
@@ -283,6 +291,12 @@ def out_proj_post_norm(r: Reference, p: Pass, L) -> None:
     p.x = p.x + r.norm(r.mm(L["attn_output"], p.att), L["post_attention_norm"])
 
 
+def out_proj_bias(r: Reference, p: Pass, L) -> None:
+    """``x += att . attn_output + attn_output.bias``."""
+    o = r.mm(L["attn_output"], p.att)
+    p.x = p.x + (o + r.bias(L["attn_output_bias"], o.shape[1]))
+
+
 def out_rows(r: Reference, p: Pass, L) -> None:
     """In the last layer only the rows whose logits are wanted go on (when some are not)."""
     n_out = len(p.ub.out_idx)
@@ -293,6 +307,11 @@ def out_rows(r: Reference, p: Pass, L) -> None:
 def ffn_norm(r: Reference, p: Pass, L) -> None:
     """``h = rms_norm(x) * ffn_norm``."""
     p.h = r.norm(p.x, L["ffn_norm"])
+
+
+def ffn_post_attn_norm(r: Reference, p: Pass, L) -> None:
+    """``h = rms_norm(x) * post_attention_norm``."""
+    p.h = r.norm(p.x, L["post_attention_norm"])
 
 
 def ffn_swiglu(r: Reference, p: Pass, L) -> None:
@@ -319,21 +338,30 @@ def ffn_router(r: Reference, p: Pass, L) -> None:
     """Per row: ``softmax(h . ffn_gate_inp)`` (float32, ggml's), the ``n_expert_used``
     most probable experts, best first, and their weights (normalized, scaled)."""
     M = r.M
-    probs = softmax_ggml_numpy(r.mm(L["ffn_gate_inp"], p.h))
+    logits = r.mm(L["ffn_gate_inp"], p.h)
+    logits = logits + r.bias(L["ffn_gate_inp_bias"], logits.shape[1])
     k, norm, scale = int(M["n_expert_used"]), bool(M["expert_norm"]), float(M["expert_scale"])
-    p.sel, p.wts = route_numpy(probs, k, norm, scale)
+    if M["expert_gating"] == GATING_SOFTMAX_WEIGHT:  # the largest logits, their softmax
+        p.sel, w = route_numpy(logits, k, False, 0.0)
+        _, p.wts = route_numpy(softmax_ggml_numpy(w), k, norm, scale)  # w keeps its order
+        return
+    p.sel, p.wts = route_numpy(softmax_ggml_numpy(logits), k, norm, scale)
 
 
 def ffn_moe(r: Reference, p: Pass, L) -> None:
     """``x += sum_j w_j * (silu(h . gate_e_j) * (h . up_e_j)) . down_e_j``: each expert's
     output times its weight, added in the order of the selection, then to ``x``."""
     n, k = p.sel.shape
-    out = np.zeros((n, k, int(r.M["n_embd"])), _F32)
+    n_embd, f = int(r.M["n_embd"]), int(r.M["n_ff_exp"])
+    act = swiglu_oai_numpy if r.M["expert_act"] == ACT_SWIGLU_OAI else swiglu_numpy
+    out = np.zeros((n, k, n_embd), _F32)
     for e in np.unique(p.sel):
         t, j = np.nonzero(p.sel == e)
         h = p.h[t]
-        g = swiglu_numpy(r.mm(L["ffn_gate_exps"] + e, h), r.mm(L["ffn_up_exps"] + e, h))
-        out[t, j] = r.mm(L["ffn_down_exps"] + e, g)
+        g = r.mm(L["ffn_gate_exps"] + e, h) + r.bias(L["ffn_gate_exps_bias"], f, e)
+        u = r.mm(L["ffn_up_exps"] + e, h) + r.bias(L["ffn_up_exps_bias"], f, e)
+        d = r.mm(L["ffn_down_exps"] + e, act(g, u))
+        out[t, j] = d + r.bias(L["ffn_down_exps_bias"], n_embd, e)
     acc = out[:, 0] * p.wts[:, :1]
     for j in range(1, k):
         acc = (acc + out[:, j] * p.wts[:, j : j + 1]).astype(_F32)
@@ -423,8 +451,10 @@ STAGES: dict[str, Stage] = {
         attention,
         out_proj,
         out_proj_post_norm,
+        out_proj_bias,
         out_rows,
         ffn_norm,
+        ffn_post_attn_norm,
         ffn_swiglu,
         ffn_geglu,
         ffn_down,

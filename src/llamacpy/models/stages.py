@@ -32,7 +32,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ..ops.activations import geglu, mul_silu, silu, swiglu
+from ..ops.activations import geglu, mul_silu, silu, swiglu, swiglu_oai
 from ..ops.attention import (
     attention_rows,
     attention_split_merge,
@@ -52,6 +52,10 @@ MODE_ROWS, MODE_TILED, MODE_SPLIT = 0, 1, 2  # attention kernels (see engine.con
 # profile slots (cycles per thread, see Workspace.prof)
 P_EMBD, P_NORM, P_QKV, P_ROPE, P_ATTN, P_OUT_PROJ, P_FFN_UP, P_FFN_DOWN, P_HEAD = range(9)
 
+# expert_gating: softmax over all experts, then the most probable ones (GATING_SOFTMAX);
+# the largest logits, then a softmax over those (GATING_SOFTMAX_WEIGHT, gpt-oss)
+GATING_SOFTMAX, GATING_SOFTMAX_WEIGHT = 0, 1
+ACT_SWIGLU, ACT_SWIGLU_OAI = 0, 1  # expert_act: silu(g) * u; gpt-oss's clamped variant
 NONE = -1  # a matrix index / vector offset of a tensor the layer does not have
 # One row per layer. Matrices: index into the weight store; vectors: offset into its float
 # buffer; need_*: activation kinds the matrices reading that input consume
@@ -91,6 +95,12 @@ LAYER_DTYPE = np.dtype(
             "ssm_dt_bias",
             "ssm_a",
             "ssm_norm",
+            "attn_output_bias",
+            "attn_sinks",  # one learned score per head added to the softmax (gpt-oss)
+            "ffn_gate_inp_bias",  # mixture of experts: router bias
+            "ffn_gate_exps_bias",  # and the first expert's biases (expert e: + e * rows)
+            "ffn_up_exps_bias",
+            "ffn_down_exps_bias",
             "need_qkv",
             "need_out",
             "need_ffn",
@@ -123,6 +133,8 @@ MODEL_DTYPE = np.dtype(
         ("n_expert_used", np.int64),  # experts per token
         ("n_ff_exp", np.int64),  # an expert's FFN size
         ("expert_norm", np.int64),  # 1: the selected experts' weights divided by their sum
+        ("expert_gating", np.int64),  # GATING_*: how the router's logits become weights
+        ("expert_act", np.int64),  # ACT_*: the experts' gated activation
         ("ssm_d_conv", np.int64),  # Gated DeltaNet (0: none): convolution taps
         ("ssm_d_state", np.int64),  # head size of the keys (S_k)
         ("ssm_n_group", np.int64),  # key heads (H_k)
@@ -395,7 +407,9 @@ def attention(c, L, clk):
     see (sliding-window layers: their own cache and mask)."""
     kv = c.kv_swa if L.swa != 0 else c.kv
     gqa = c.M.n_head // c.M.n_head_kv
-    _attention(c, kv, _layer_base(c, L, kv), gqa)
+    sk = L.attn_sinks
+    sinks = c.NF[sk : sk + c.M.n_head] if sk >= 0 else c.NF[:0]
+    _attention(c, kv, _layer_base(c, L, kv), gqa, sinks)
     return _sync(c, tick(c.prof, c.tid, P_ATTN, clk))
 
 
@@ -411,6 +425,34 @@ def out_proj_post_norm(c, L, clk):
     """``x += rms_norm(att . attn_output) * post_attention_norm``."""
     clk = _quantize_in(c, c.ATT, c.M.n_head * c.M.head_dim, L.need_out, P_OUT_PROJ, clk)
     return _proj_residual(c, L.attn_output, L.post_attention_norm, P_OUT_PROJ, clk)
+
+
+@njit(cache=True)
+def out_proj_bias(c, L, clk):
+    """``x += att . attn_output + attn_output.bias``."""
+    M = c.M
+    clk = _quantize_in(c, c.ATT, M.n_head * M.head_dim, L.need_out, P_OUT_PROJ, clk)
+    _mm(c, L.attn_output, c.XN, False)
+    g0, g1 = split((M.n_embd + 15) // 16, c.tid, c.nth)  # the columns this thread wrote
+    for t in range(c.st.n_rows):
+        _add_vec(c.XN, t, c.NF, L.attn_output_bias, 16 * g0, min(16 * g1, M.n_embd))
+        for i in range(16 * g0, min(16 * g1, M.n_embd)):
+            c.X[t, i] += c.XN[t, i]
+    return _sync(c, tick(c.prof, c.tid, P_OUT_PROJ, clk))
+
+
+@njit(cache=True, inline="always")
+def _add_vec(a, r, NF, off, i0, i1):
+    """``a[r, i] += NF[off + i]`` for ``i`` in ``i0..i1`` (nothing when ``off`` < 0)."""
+    if off >= 0:
+        for i in range(i0, i1):
+            a[r, i] += NF[off + i]
+
+
+@njit(cache=True, inline="always")
+def _expert_vec(off, e, n):
+    """Offset of expert ``e``'s row of ``n`` floats in the per-expert vectors at ``off``."""
+    return off + e * n if off >= 0 else NONE
 
 
 @njit(cache=True)
@@ -432,6 +474,13 @@ def out_rows(c, L, clk):
 def ffn_norm(c, L, clk):
     """``h = rms_norm(x) * ffn_norm``, quantized for gate/up."""
     return _norm_in(c, c.X, L.ffn_norm, L.need_ffn, clk)
+
+
+@njit(cache=True)
+def ffn_post_attn_norm(c, L, clk):
+    """``h = rms_norm(x) * post_attention_norm``, quantized for the FFN (gpt-oss's pre-FFN
+    norm)."""
+    return _norm_in(c, c.X, L.post_attention_norm, L.need_ffn, clk)
 
 
 @njit(cache=True, inline="always")
@@ -477,9 +526,10 @@ def ffn_down_post_norm(c, L, clk):
 
 @njit(cache=True)
 def ffn_router(c, L, clk):
-    """Mixture of experts: ``p = softmax(h . ffn_gate_inp)`` per token (float32, ggml's),
-    its ``n_expert_used`` most probable experts (best first) and their weights ``p_e``
-    (divided by their sum with ``expert_norm``, times ``expert_scale``)."""
+    """Mixture of experts: ``p = softmax(h . ffn_gate_inp (+ bias))`` per token (float32,
+    ggml's), its ``n_expert_used`` most probable experts (best first) and their weights
+    ``p_e`` (divided by their sum with ``expert_norm``, times ``expert_scale``); with
+    ``GATING_SOFTMAX_WEIGHT`` the largest logits are chosen and their softmax is the weights."""
     M = c.M
     ta, tb, AA = _acts(c)
     g0, g1 = split((M.n_expert + 15) // 16, c.tid, c.nth)
@@ -488,8 +538,13 @@ def ffn_router(c, L, clk):
     k = M.n_expert_used
     t0, t1 = _token_rows(c)
     for t in range(t0, t1):
-        softmax_ggml(c.RL[t], M.n_expert)
-        top_k(c.RL[t], M.n_expert, k, c.SEL[t], c.WTS[t])
+        _add_vec(c.RL, t, c.NF, L.ffn_gate_inp_bias, 0, M.n_expert)
+        if M.expert_gating == GATING_SOFTMAX_WEIGHT:
+            top_k(c.RL[t], M.n_expert, k, c.SEL[t], c.WTS[t])
+            softmax_ggml(c.WTS[t], k)
+        else:
+            softmax_ggml(c.RL[t], M.n_expert)
+            top_k(c.RL[t], M.n_expert, k, c.SEL[t], c.WTS[t])
         expert_weights(c.WTS[t], k, M.expert_norm, M.expert_scale)
     return _sync(c, clk)
 
@@ -498,7 +553,8 @@ def ffn_router(c, L, clk):
 def _experts(c, L, down, g0, g1):
     """Each (token t, selected expert j) row ``r = t * n_expert_used + j``, this thread's row
     groups ``g0..g1`` of the expert's matrices: ``G[r] = silu(h_t . gate_e) * (h_t . up_e)``,
-    or (``down``) ``EO[r] = G[r] . down_e``. Expert by expert (a thread's share of one
+    or (``down``) ``EO[r] = G[r] . down_e``; each product plus the expert's bias when the
+    layer has one; ``expert_act`` picks the activation. Expert by expert (a thread's share of one
     expert's weights serves all its tokens while it is in cache), as ggml_mul_mat_id; each
     row a matrix x vector product of one token, as ggml's per-row kernels."""
     M = c.M
@@ -515,12 +571,21 @@ def _experts(c, L, down, g0, g1):
                 if down:
                     wd = c.WD[L.ffn_down_exps + ee]
                     matmul_sel(c.fmask, c.W, wd, c.A, r, r + 1, g0, g1, c.EO, r, False)
+                    i1 = min(16 * g1, M.n_embd)
+                    b = _expert_vec(L.ffn_down_exps_bias, ee, M.n_embd)
+                    _add_vec(c.EO, r, c.NF, b, 16 * g0, i1)
                     continue
                 a = ta + t
                 wg, wu = c.WD[L.ffn_gate_exps + ee], c.WD[L.ffn_up_exps + ee]
                 matmul_sel(c.fmask, c.W, wg, AA, a, a + 1, g0, g1, c.G, r, False)
                 matmul_sel(c.fmask, c.W, wu, AA, a, a + 1, g0, g1, c.U, r, False)
-                swiglu(c.G, c.U, r, r + 1, 16 * g0, min(16 * g1, f), c.G)
+                i1 = min(16 * g1, f)
+                _add_vec(c.G, r, c.NF, _expert_vec(L.ffn_gate_exps_bias, ee, f), 16 * g0, i1)
+                _add_vec(c.U, r, c.NF, _expert_vec(L.ffn_up_exps_bias, ee, f), 16 * g0, i1)
+                if M.expert_act == ACT_SWIGLU_OAI:
+                    swiglu_oai(c.G, c.U, r, r + 1, 16 * g0, i1, c.G)
+                else:
+                    swiglu(c.G, c.U, r, r + 1, 16 * g0, i1, c.G)
 
 
 @njit(cache=True)
@@ -701,7 +766,7 @@ def head(c, clk):
 
 
 @njit(cache=True, inline="always")
-def _attention(c, kv, lbase, gqa):
+def _attention(c, kv, lbase, gqa, sinks):
     M = c.M
     tid, nth = c.tid, c.nth
     _rc, qv, qq, vbuf, res, kt, vt, pt, st, pm, ps, pv, tmp = c.TS
@@ -710,7 +775,7 @@ def _attention(c, kv, lbase, gqa):
         attention_split_partial(
             tid, nth, kv.n_kv, M.n_head, gqa, hd, kq, c.k_type, c.v_type, c.rowb, c.Q, kv.KC,
             kv.VC, lbase, kv.hstride, kv.mask, kv.order, qv[tid], qq[tid], vbuf[tid], res[tid],
-            pm, ps, pv,
+            pm, ps, pv, sinks,
         )  # fmt: skip
         barrier(c.bar, nth)
         attention_split_merge(tid, nth, M.n_head, hd, pm, ps, pv, c.ATT, tmp[tid])
@@ -718,10 +783,10 @@ def _attention(c, kv, lbase, gqa):
         attention_rows(
             tid, nth, c.n_tok, kv.n_kv, M.n_head, gqa, hd, kq, c.k_type, c.v_type, c.rowb,
             c.Q, kv.KC, kv.VC, lbase, kv.hstride, kv.mask, kv.order, c.ATT, qv[tid], qq[tid],
-            vbuf[tid], res[tid],
+            vbuf[tid], res[tid], sinks,
         )  # fmt: skip
     else:
         attention_tiled(
             tid, nth, c.n_tok, kv.n_kv, M.n_head, gqa, hd, kq, c.k_type, c.rowb, c.Q, kv.KC,
-            kv.VC, lbase, kv.hstride, kv.mask, c.ATT, kt[tid], vt[tid], pt[tid], st[tid],
+            kv.VC, lbase, kv.hstride, kv.mask, c.ATT, kt[tid], vt[tid], pt[tid], st[tid], sinks,
         )  # fmt: skip

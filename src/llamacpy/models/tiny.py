@@ -8,7 +8,11 @@ biases), ``qwen3`` (per-head Q/K norms, head size 32 != n_embd/n_head), ``phi3``
 ``attn_qkv`` and gate|up ``ffn_up``, ``rope_factors_long/short`` and a rope attention
 factor), ``gemma3`` (Q/K norms, post-norms, layers alternating sliding-window and global
 attention, window 4), ``smollm3`` (4 layers: the fourth without rope), ``qwen3moe`` (qwen3's
-attention, a mixture of 4 experts of FFN size 64, 2 used per token); ``n_expert`` > 0 gives
+attention, a mixture of 4 experts of FFN size 64, 2 used per token), ``gpt-oss`` (q/k/v/o
+biases, attention sinks, layers alternating sliding-window and full attention, window 4,
+YaRN rope, a post-attention norm, 4 biased experts of FFN size 64 with 2 used; expert biases
+large enough to reach the clamps of its SwiGLU; ``experts_type`` sets the experts' type,
+e.g. MXFP4 as the released files have them); ``n_expert`` > 0 gives
 a ``llama`` file experts (Mixtral: 2 used, of FFN size ``n_ff``); ``sliding_window`` adds
 ``{arch}.attention.sliding_window`` (mistral-style files). ``write_tiny_bert`` writes a tiny random ``bert`` encoder.
 Only numpy and the GGUF writer are used: the file is byte-identical for a given seed, type,
@@ -44,7 +48,7 @@ _SCALES: dict[GGMLType, tuple[tuple[int, float], ...]] = {
 _EXPONENTS: dict[GGMLType, tuple[tuple[int, int, int], ...]] = {
     GGMLType.MXFP4: ((0, 120, 122),),
 }
-TINY_ARCHS = ("llama", "qwen2", "qwen3", "phi3", "gemma3", "smollm3", "qwen3moe")
+TINY_ARCHS = ("llama", "qwen2", "qwen3", "phi3", "gemma3", "smollm3", "qwen3moe", "gpt-oss")
 # Variants of an architecture that run other stages: name -> (arch, builder options)
 TINY_VARIANTS: dict[str, tuple[str, dict]] = {
     "mixtral": ("llama", {"n_expert": 4}),
@@ -62,6 +66,8 @@ LLAMA_CPP_CASES: dict[str, tuple[str, dict, int]] = {
     "qwen3moe": ("qwen3moe", {}, 64),
     "qwen3moe_router_f32": ("qwen3moe", {"router_f32": 1}, 64),  # as converted files
     "mixtral": ("llama", {"n_expert": 4}, 64),  # a llama file with experts
+    "gpt-oss": ("gpt-oss", {}, 64),
+    "gpt-oss_mxfp4": ("gpt-oss", {"experts_type": int(GGMLType.MXFP4)}, 64),  # as released
 }
 PHI3_ORIG_CTX = 256  # phi3: rope.scaling.original_context_length (long factors above it)
 PHI3_N_CTX = 1024  # phi3: context_length
@@ -77,6 +83,7 @@ TINY_SHAPE = {
     "n_expert_used": 2,
     "n_ff_exp": 0,  # qwen3moe's expert_feed_forward_length (0: none)
     "router_f32": 0,  # 1: ffn_gate_inp in F32 (as converted files keep it), not weight_type
+    "experts_type": -1,  # the experts' ggml type (-1: weight_type)
 }
 
 
@@ -130,7 +137,11 @@ def write_tiny_llama(
         "phi3": {"n_ctx": PHI3_N_CTX},
         "smollm3": {"n_layer": 4},
         "qwen3moe": {"n_expert": 4, "n_ff_exp": 64},
+        "gpt-oss": {"n_expert": 4, "n_ff_exp": 64},
     }.get(arch, {})
+    if arch == "gpt-oss":
+        rope = "yarn" if rope == "none" else rope
+        sliding_window = sliding_window or 4
     s = {**TINY_SHAPE, **own, **shape}
     hd = 32 if arch in ("qwen3", "qwen3moe") else s["n_embd"] // s["n_head"]
     w = GGUFWriter(path)
@@ -204,8 +215,8 @@ def _add_tensors(w, rng, t: GGMLType, arch: str, s: dict, hd: int, rope: str) ->
         shape = (ncols, nrows) if n == 1 else (ncols, nrows, n)
         w.add_tensor(name, typ, shape, random_tensor(rng, typ, nrows * n, ncols))
 
-    def vec(name: str, x: np.ndarray) -> None:
-        w.add_tensor(name, GGMLType.F32, (len(x),), x)
+    def vec(name: str, x: np.ndarray, shape: tuple[int, ...] | None = None) -> None:
+        w.add_tensor(name, GGMLType.F32, shape or (len(x),), x)
 
     mat("token_embd.weight", v, e)
     for i in range(s["n_layer"]):
@@ -232,15 +243,22 @@ def _add_layer(p: str, arch: str, s: dict, hd: int, mat, vec, norm, rng) -> None
     if arch == "qwen2":  # biases of std 0.5: large enough to matter
         for name, n in (("attn_q", qd), ("attn_k", kvd), ("attn_v", kvd)):
             vec(p + name + ".bias", 10.0 * _normal(rng, n))
+    if arch == "gpt-oss":
+        for name, n in (("attn_q", qd), ("attn_k", kvd), ("attn_v", kvd)):
+            vec(p + name + ".bias", _normal(rng, n))
     if arch in ("qwen3", "qwen3moe", "gemma3"):
         vec(p + "attn_q_norm.weight", norm(hd))
         vec(p + "attn_k_norm.weight", norm(hd))
     mat(p + "attn_output.weight", e, qd)
-    if arch == "gemma3":
+    if arch == "gpt-oss":  # sinks of std 1: as large as the scores
+        vec(p + "attn_output.bias", _normal(rng, e))
+        vec(p + "attn_sinks.weight", 20.0 * _normal(rng, s["n_head"]))
+    if arch in ("gemma3", "gpt-oss"):
         vec(p + "post_attention_norm.weight", norm())
-    vec(p + "ffn_norm.weight", norm())
+    if arch != "gpt-oss":
+        vec(p + "ffn_norm.weight", norm())
     if s["n_expert"]:
-        _add_experts(p, s, mat)
+        _add_experts(p, s, mat, vec if arch == "gpt-oss" else None, rng)
     elif arch == "phi3":
         mat(p + "ffn_up.weight", 2 * f, e)
     else:
@@ -252,14 +270,20 @@ def _add_layer(p: str, arch: str, s: dict, hd: int, mat, vec, norm, rng) -> None
         vec(p + "post_ffw_norm.weight", norm())
 
 
-def _add_experts(p: str, s: dict, mat) -> None:
-    """The router and the experts' 3-D tensors (``[n_expert, rows, cols]``)."""
+def _add_experts(p: str, s: dict, mat, vec, rng) -> None:
+    """The router and the experts' 3-D tensors (``[n_expert, rows, cols]``); with ``vec``,
+    their biases (router std 0.5; gate and up std 3, so that some pass the clamps of
+    gpt-oss's SwiGLU; down std 0.5)."""
     e, n = s["n_embd"], s["n_expert"]
     f = s["n_ff_exp"] or s["n_ff"]
+    xt = None if s["experts_type"] < 0 else GGMLType(s["experts_type"])
     mat(p + "ffn_gate_inp.weight", n, e, typ=GGMLType.F32 if s["router_f32"] else None)
-    mat(p + "ffn_gate_exps.weight", f, e, n)
-    mat(p + "ffn_up_exps.weight", f, e, n)
-    mat(p + "ffn_down_exps.weight", e, f, n)
+    if vec:
+        vec(p + "ffn_gate_inp.bias", 10.0 * _normal(rng, n))
+    for name, rows, cols, std in (("gate", f, e, 60.0), ("up", f, e, 60.0), ("down", e, f, 10.0)):
+        mat(p + f"ffn_{name}_exps.weight", rows, cols, n, typ=xt)
+        if vec:
+            vec(p + f"ffn_{name}_exps.bias", std * _normal(rng, rows * n), (rows, n))
 
 
 def write_tiny_bert(

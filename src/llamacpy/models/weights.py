@@ -266,13 +266,13 @@ class WeightStore:
             self.matrix(row_slice(flat, e * nrows, nrows))
         return Experts(first, info.name, GGMLType(info.type), n_expert, nrows, ncols)
 
-    def vector(self, info: TensorInfo, flat: bool = False) -> Vector:
-        """An F32 vector (``flat``: an F32 tensor of any shape, its values in file order)."""
-        if info.type != GGMLType.F32 or (len(info.shape) != 1 and not flat):
-            raise ModelError(f"tensor {info.name!r} must be a 1-D F32 vector")
-        n = int(np.prod(info.shape))
-        v = Vector(self._fsize, info.name, n)
-        self._fsize += -(-n // 16) * 16
+    def vector(self, info: TensorInfo) -> Vector:
+        """A 1-D F32 tensor, or a 2-D one as its rows one after another (experts' biases)."""
+        if info.type != GGMLType.F32 or len(info.shape) > 2:
+            raise ModelError(f"tensor {info.name!r} must be a 1-D or 2-D F32 tensor")
+        size = int(np.prod(info.shape))
+        v = Vector(self._fsize, info.name, size)
+        self._fsize += -(-size // 16) * 16
         self.vectors.append((v, info))
         return v
 

@@ -141,6 +141,23 @@ def silu_numpy(x: np.ndarray) -> np.ndarray:
     return (x / (_F32(1.0) + exp_ggml_numpy(_F32(0.0) - x))).astype(_F32)
 
 
+# gpt-oss's clamped SwiGLU (ggml_swiglu_oai): sigmoid slope and clamp
+OAI_ALPHA, OAI_LIMIT = _F32(1.702), _F32(7.0)
+
+
+@njit(cache=True)
+def swiglu_oai(g, u, t0, t1, c0, c1, out):
+    """``out[t, c] = x * sigmoid(alpha * x) * (y + 1)`` with ``x = min(g, limit)``, ``y =
+    clamp(u, -limit, limit)`` for rows ``t0..t1``, columns ``c0..c1`` (ggml's scalar loop:
+    ``x / (1 + expf(alpha * -x))``)."""
+    one = _F32(1.0)
+    for t in range(t0, t1):
+        for c in range(c0, c1):
+            x = min(g[t, c], OAI_LIMIT)
+            y = min(max(u[t, c], -OAI_LIMIT), OAI_LIMIT)
+            out[t, c] = x / (one + np.exp(OAI_ALPHA * -x)) * (y + one)
+
+
 def _fma(a, b, c):
     return (a.astype(np.float64) * b + c).astype(_F32)
 
@@ -167,6 +184,14 @@ def swiglu_numpy(g: np.ndarray, u: np.ndarray) -> np.ndarray:
     g = np.asarray(g, _F32)
     s = (g / (_F32(1.0) + exp_ggml_numpy(_F32(0.0) - g))).astype(_F32)
     return (s * np.asarray(u, _F32)).astype(_F32)
+
+
+def swiglu_oai_numpy(g: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """Twin of :func:`swiglu_oai`."""
+    x = np.minimum(np.asarray(g, _F32), OAI_LIMIT)
+    y = np.clip(np.asarray(u, _F32), -OAI_LIMIT, OAI_LIMIT)
+    e = np.exp((OAI_ALPHA * -x).astype(np.float64)).astype(_F32)  # expf, rounded
+    return ((x / (_F32(1.0) + e)).astype(_F32) * (y + _F32(1.0))).astype(_F32)
 
 
 GELU_F16 = _gelu_f16_table()

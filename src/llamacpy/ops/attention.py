@@ -247,6 +247,22 @@ def merge_partials(ms, ss, parts, n_chunks, hd, out, oo, tmp):
         out[oo + i] = tmp[i] * inv
 
 
+@njit(cache=True)
+def add_sink(sinks, h, m, s_sum, res, hd):
+    """Head ``h``'s attention sink (``sinks[h]``, gpt-oss; none when ``sinks`` is empty): one
+    more score in the softmax with no value row, as ggml adds it after the cells (the
+    accumulator rescaled in f32 when the sink is the new maximum). Returns the new (M, S)."""
+    if sinks.shape[0] == 0:
+        return m, s_sum
+    sink = sinks[h]
+    if sink > m:
+        ms = np.exp(m - sink)
+        for i in range(0, hd, 16):
+            vstore_f32(res, i, vload_f32(res, i) * vsplat_f32(ms))
+        return sink, fmaf(s_sum, ms, _F32(1.0))
+    return m, fmaf(s_sum, _F32(1.0), np.exp(sink - m))
+
+
 # ----------------------------------------------------------------------------- tiled
 @njit(cache=True)
 def load_tile(kc, vc, ko, vo, cstride, kv_type, hd, c0, n, kt, vt):
@@ -451,14 +467,16 @@ def attention_rows(
     qq,
     vbuf,
     res,
+    sinks,
 ):
     """One (token, head) row after the other (ubatches under 64 tokens, short decodes, and
-    every ubatch of a deterministic context, which passes its cells in position order)."""
+    every ubatch of a deterministic context, which passes its cells in position order);
+    ``sinks``: per-head attention sinks (empty: none, see :func:`add_sink`)."""
     i0, i1 = split(n_tok * n_head, tid, nth)
     for i in range(i0, i1):
         t, h = i // n_head, i % n_head
         prepare_query(Q[t], h * hd, hd, k_type, qv, qq)
-        _, s = attend_row(
+        m, s = attend_row(
             qv,
             qq,
             kc,
@@ -478,6 +496,7 @@ def attention_rows(
             res,
             order,
         )
+        _, s = add_sink(sinks, h, m, s, res, hd)
         finish_row(res, hd, s, ATT[t], h * hd)
 
 
@@ -507,9 +526,11 @@ def attention_split_partial(
     pm,
     ps,
     pv,
+    sinks,
 ):
     """Decode (one token) over a long cache, phase 1: thread ``tid`` attends its chunk of
-    cells for every head; partials go to ``pm/ps/pv[head, tid]``."""
+    cells for every head; partials go to ``pm/ps/pv[head, tid]``. The sinks go into the
+    first chunk's partials (as ggml's)."""
     cs = (n_kv + nth - 1) // nth
     ic0, ic1 = min(tid * cs, n_kv), min((tid + 1) * cs, n_kv)
     for h in range(n_head):
@@ -534,6 +555,8 @@ def attention_split_partial(
             res,
             order,
         )
+        if tid == 0:
+            m, s = add_sink(sinks, h, m, s, res, hd)
         pm[h, tid], ps[h, tid] = m, s
         pv[h, tid, :hd] = res[:hd]
 
@@ -569,6 +592,7 @@ def attention_tiled(
     vt,
     pt,
     st,
+    sinks,
 ):
     """Ubatches of 64 tokens and more: work items are (KV head, block of 16, 32 or 64
     tokens), dealt round-robin (later blocks see more cells); a block is as large as ``st``
@@ -616,8 +640,9 @@ def attention_tiled(
             for g in range(g0, g1):
                 h = hk * gqa + g
                 for t in range(q0, q1):
-                    s = 2 * rows * (g - g0) + 2 * (t - q0) + 1
-                    finish_row(ATT[t, h * hd :], hd, st[s], ATT[t], h * hd)
+                    s = 2 * rows * (g - g0) + 2 * (t - q0)
+                    _, sum_ = add_sink(sinks, h, st[s], st[s + 1], ATT[t, h * hd :], hd)
+                    finish_row(ATT[t, h * hd :], hd, sum_, ATT[t], h * hd)
 
 
 @njit(cache=True, inline="always")

@@ -68,17 +68,19 @@ def _ggml_dot(q: np.ndarray, k: np.ndarray) -> np.ndarray:
     return s.astype(_F32)
 
 
-def attention_numpy(q, keys, vals, mask, k_type, v_type, mode, n_threads, scale):
+def attention_numpy(q, keys, vals, mask, k_type, v_type, mode, n_threads, scale, sinks=None):
     """Twin of the attention drivers: ``q`` [n, nh, d], ``keys``/``vals`` [nkv, n_kv, d] (the
     cache rows as f32), ``mask`` [n, n_kv]; ``mode`` 0 rows, 1 tiled, 2 decode split in
-    ``n_threads`` chunks."""
+    ``n_threads`` chunks; ``sinks``: per-head attention sinks (None: none)."""
     n, nh, d = q.shape
     g = nh // keys.shape[0]
     out = np.zeros((n, nh, d), _F32)
     if mode == MODE_TILED:
         for t in range(n):
             for h in range(nh):
-                out[t, h] = _tiled_row(q[t, h], keys[h // g], vals[h // g], mask[t], scale)
+                m, s, acc = _tiled_row(q[t, h], keys[h // g], vals[h // g], mask[t], scale)
+                m, s, acc = _sink(sinks, h, m, s, acc)
+                out[t, h] = acc * (_F32(1.0) / s if s != 0 else _F32(0.0))
         return out
     if k_type == KV_F16:
         qd = q.astype(np.float16).astype(_F32)
@@ -102,6 +104,7 @@ def attention_numpy(q, keys, vals, mask, k_type, v_type, mode, n_threads, scale)
                 _row(qd[t, h], keys[h // g], vals[h // g], mask[t], a, b, scale, v_type)
                 for a, b in chunks
             ]
+            parts[0] = _sink(sinks, h, *parts[0])
             if len(parts) == 1:
                 _m, s, acc = parts[0]
                 out[t, h] = acc * (_F32(1.0) / s if s != 0 else _F32(0.0))
@@ -130,6 +133,17 @@ def _row(q, keys, vals, mask, a, b, scale, v_type):
             acc = acc.astype(np.float16).astype(_F32)
         s = _F32(np.float64(s) * ms + vs)
     return m, s, acc
+
+
+def _sink(sinks, h, m, s, acc):
+    """(M, S, acc) with head ``h``'s sink as one more score of no value (ggml's order)."""
+    if sinks is None:
+        return m, s, acc
+    sink = _F32(sinks[h])
+    if sink > m:
+        ms = _F32(np.exp(np.float64(m - sink)))
+        return sink, _F32(np.float64(s) * ms + 1.0), (acc * ms).astype(_F32)
+    return m, _F32(np.float64(s) + np.float64(_F32(np.exp(np.float64(sink - m))))), acc
 
 
 def _merge(parts, d):
@@ -162,4 +176,4 @@ def _tiled_row(q, keys, vals, mask, scale):
             np.float64(s) + sum(np.float64(_hsum16(e[i : i + 16])) for i in range(0, TILE, 16))
         )
         acc = (acc + e[: c1 - c0].astype(np.float64) @ vals[c0:c1]).astype(_F32)
-    return acc * (_F32(1.0) / s if s != 0 else _F32(0.0))
+    return m, s, acc
