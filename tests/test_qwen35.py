@@ -15,7 +15,7 @@ from llamacpy.engine import Context, ContextParams
 from llamacpy.engine.batch import Batch, split_batch
 from llamacpy.engine.recurrent import HybridMemory
 from llamacpy.errors import ModelError
-from llamacpy.gguf import GGMLType, GGUFReader, GGUFWriter
+from llamacpy.gguf import GGMLType, GGUFReader, GGUFValueType, GGUFWriter
 from llamacpy.models.delta_net_ref import Qwen35Reference
 from llamacpy.models.reference import Reference
 from llamacpy.models.tiny import write_tiny_qwen35
@@ -194,3 +194,24 @@ def test_a_layer_missing_its_kind_of_tensor_is_named(tmp_path) -> None:
     w.write()
     with pytest.raises(ModelError, match=r"blk\.1\.ssm_out\.weight.*layer 1 is a Gated DeltaNet"):
         _ctx(dst)
+
+
+def test_multi_token_prediction_blocks_are_not_part_of_the_trunk(tmp_path) -> None:
+    """A file with ``nextn_predict_layers`` blocks after the trunk (their tensors named
+    ``blk.N.nextn.*``) runs the trunk only, as llama.cpp: the logits of the file without them."""
+    src, dst = tmp_path / "trunk.gguf", tmp_path / "mtp.gguf"
+    write_tiny_qwen35(src, GGMLType.Q8_0, seed=SEED)
+    r = GGUFReader(src)
+    w = GGUFWriter(dst)
+    for f in r.fields.values():
+        w.add_field(f)
+    w.add("qwen35.block_count", 5, GGUFValueType.UINT32)
+    w.add("qwen35.nextn_predict_layers", 1, GGUFValueType.UINT32)
+    for t in r.tensors:
+        w.add_tensor_info(t)
+    e = int(r.metadata["qwen35.embedding_length"])
+    eh = np.random.default_rng(0).standard_normal((e, 2 * e)).astype(np.float32)
+    w.add_tensor("blk.4.nextn.eh_proj.weight", GGMLType.F32, (2 * e, e), eh.view(np.uint8))
+    w.write()
+    got = _ctx(dst).decode(Batch.from_tokens(TOKENS, logits="all"))
+    np.testing.assert_array_equal(got, FIX["Q8_0.logits"])

@@ -26,6 +26,7 @@ The numpy specification of the layer and of the forward is :mod:`.delta_net_ref`
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from ..errors import ModelError
 from ..hparams import HParams
@@ -73,6 +74,8 @@ class Qwen35Model(Decoder):
         Param("ssm_dt_rank", "ssm.time_step_rank", kind=int, minimum=1),
         Param("ssm_d_inner", "ssm.inner_size", kind=int, minimum=1),
         Param("full_attention_interval", "full_attention_interval", 4, int, 1),
+        # multi-token-prediction blocks after the trunk (drafting): not loaded, as llama.cpp
+        Param("n_nextn", "nextn_predict_layers", 0, int, 0),
     )
     unsupported = ("ffn_gate_inp.weight", "attn_q.bias", "attn_k.bias", "attn_v.bias")
     block = (
@@ -109,17 +112,23 @@ class Qwen35Model(Decoder):
         x = hp.extra
         inner, heads, state = x["ssm_d_inner"], x["ssm_dt_rank"], x["ssm_d_state"]
         a = cls.arch
-        if inner % heads:
+        if inner != heads * state:  # llama.cpp: key and value heads both of ssm.state_size
             raise ModelError(
-                f"{a}.ssm.inner_size ({inner}) is not a multiple of {a}.ssm.time_step_rank "
-                f"({heads}, the value heads)"
+                f"{a}.ssm.inner_size ({inner}) must be {a}.ssm.time_step_rank ({heads}, the "
+                f"value heads) x {a}.ssm.state_size ({state}, their size)"
             )
-        head_v = inner // heads
-        if state % 16 or head_v % 16:
+        head_v = state
+        if state % 16:
             raise ModelError(
-                f"unsupported shape: the delta rule's key head size ({a}.ssm.state_size = "
-                f"{state}) and value head size ({head_v}) must be multiples of 16"
+                f"unsupported shape: the delta rule's head size ({a}.ssm.state_size = "
+                f"{state}) must be a multiple of 16"
             )
+        n_nextn = x["n_nextn"]
+        if n_nextn >= hp.n_layer:
+            raise ModelError(
+                f"{a}.nextn_predict_layers ({n_nextn}) leaves no trunk of the {hp.n_layer} blocks"
+            )
+        hp = replace(hp, n_layer=hp.n_layer - n_nextn)  # the trunk
         channels = inner + 2 * x["ssm_n_group"] * state
         return hp.with_extra(
             {"ssm_channels": channels, "ssm_head_v": head_v, "attn_output_gate": 1}
