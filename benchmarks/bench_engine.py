@@ -147,6 +147,28 @@ def _fmt(xs: list[float]) -> str:
     return f"{statistics.mean(xs):8.1f} +- {sd:5.1f}"
 
 
+def speed_table(model: str, a, bin_dir: Path | None) -> None:
+    """Alternate the two sides ``a.r`` times (one repetition each, so both see the same
+    load) and print their pp / tg tokens per second and the ratios (``bin_dir`` None: the
+    llama.cpp side is skipped)."""
+    speed = {"llama.cpp": {"pp": [], "tg": []}, "llamacpy": {"pp": [], "tg": []}}
+    one = argparse.Namespace(**{**vars(a), "r": 1})
+    for _ in range(a.r):
+        if bin_dir is not None:
+            for k, v in llama_bench(bin_dir, model, one).items():
+                speed["llama.cpp"][k] += v
+        for k, v in ours_speed(model, one).items():
+            speed["llamacpy"][k] += v
+    print(f"\n{'':10s} {'pp' + str(a.p) + ' t/s':>18s} {'tg' + str(a.n) + ' t/s':>18s}")
+    for name, s in speed.items():
+        if s["pp"] or s["tg"]:
+            print(f"{name:10s} {_fmt(s['pp']):>18s} {_fmt(s['tg']):>18s}")
+    if bin_dir is not None:
+        for k in ("pp", "tg"):
+            r = statistics.mean(speed["llamacpy"][k]) / statistics.mean(speed["llama.cpp"][k])
+            print(f"ratio {k}: {r:.2f}x llama.cpp")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("-m", "--model", default="smollm2-135m")
@@ -177,23 +199,7 @@ def main() -> None:
         )
     print(f"model {model}\nthreads {a.t}, load: {os.getloadavg()}")
 
-    # speed: alternate the two sides r times (one repetition each) so both see the same load
-    speed = {"llama.cpp": {"pp": [], "tg": []}, "llamacpy": {"pp": [], "tg": []}}
-    one = argparse.Namespace(**{**vars(a), "r": 1})
-    for _ in range(a.r):
-        if have_llama:
-            for k, v in llama_bench(bin_dir, model, one).items():
-                speed["llama.cpp"][k] += v
-        for k, v in ours_speed(model, one).items():
-            speed["llamacpy"][k] += v
-    print(f"\n{'':10s} {'pp' + str(a.p) + ' t/s':>18s} {'tg' + str(a.n) + ' t/s':>18s}")
-    for name, s in speed.items():
-        if s["pp"] or s["tg"]:
-            print(f"{name:10s} {_fmt(s['pp']):>18s} {_fmt(s['tg']):>18s}")
-    if have_llama:
-        for k in ("pp", "tg"):
-            r = statistics.mean(speed["llamacpy"][k]) / statistics.mean(speed["llama.cpp"][k])
-            print(f"ratio {k}: {r:.2f}x llama.cpp")
+    speed_table(model, a, bin_dir if have_llama else None)
 
     # whole-process runs: peak RSS while generating, warm time to first token
     ids = ",".join(str(i) for i in range(100, 116))  # 16 tokens, like the prompt

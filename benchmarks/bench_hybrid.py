@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_engine import DEFAULT_BIN, _fmt, llama_bench, ours_speed
+from bench_engine import DEFAULT_BIN, speed_table
 
 QWEN35_0_8B = dict(
     n_embd=1024, n_layer=24, n_ff=3584, n_head=8, n_head_kv=2, head_dim=256, n_rot=64,
@@ -53,22 +52,7 @@ def main() -> None:
     model, bin_dir = str(path), Path(a.llama_bin)
     have_llama = (bin_dir / "llama-bench").exists()
     print(f"model {model}\nthreads {a.t}, load: {os.getloadavg()}")
-    speed = {"llama.cpp": {"pp": [], "tg": []}, "llamacpy": {"pp": [], "tg": []}}
-    one = argparse.Namespace(**{**vars(a), "r": 1})
-    for _ in range(a.r):
-        if have_llama:
-            for k, v in llama_bench(bin_dir, model, one).items():
-                speed["llama.cpp"][k] += v
-        for k, v in ours_speed(model, one).items():
-            speed["llamacpy"][k] += v
-    print(f"\n{'':10s} {'pp' + str(a.p) + ' t/s':>18s} {'tg' + str(a.n) + ' t/s':>18s}")
-    for name, s in speed.items():
-        if s["pp"] or s["tg"]:
-            print(f"{name:10s} {_fmt(s['pp']):>18s} {_fmt(s['tg']):>18s}")
-    if have_llama:
-        for k in ("pp", "tg"):
-            r = statistics.mean(speed["llamacpy"][k]) / statistics.mean(speed["llama.cpp"][k])
-            print(f"ratio {k}: {r:.2f}x llama.cpp")
+    speed_table(model, a, bin_dir if have_llama else None)
 
 
 if __name__ == "__main__":

@@ -181,17 +181,24 @@ def test_compiled_stages_match_the_reference(gguf, monkeypatch) -> None:
     assert max(worst) < RTOL[name], worst
 
 
-def test_a_layer_missing_its_kind_of_tensor_is_named(tmp_path) -> None:
-    src, dst = tmp_path / "full.gguf", tmp_path / "broken.gguf"
-    write_tiny_qwen35(src, GGMLType.F32, seed=SEED)
+def _copy(tmp_path, t: GGMLType, drop: str = "") -> tuple[GGUFReader, GGUFWriter]:
+    """The tiny model's fields and tensors (but ``drop``) queued on a writer of a new file."""
+    src = tmp_path / "tiny.gguf"
+    write_tiny_qwen35(src, t, seed=SEED)
     r = GGUFReader(src)
-    w = GGUFWriter(dst)
+    w = GGUFWriter(tmp_path / "edited.gguf")
     for f in r.fields.values():
         w.add_field(f)
-    for t in r.tensors:
-        if t.name != "blk.1.ssm_out.weight":
-            w.add_tensor_info(t)
+    for info in r.tensors:
+        if info.name != drop:
+            w.add_tensor_info(info)
+    return r, w
+
+
+def test_a_layer_missing_its_kind_of_tensor_is_named(tmp_path) -> None:
+    _r, w = _copy(tmp_path, GGMLType.F32, drop="blk.1.ssm_out.weight")
     w.write()
+    dst = tmp_path / "edited.gguf"
     with pytest.raises(ModelError, match=r"blk\.1\.ssm_out\.weight.*layer 1 is a Gated DeltaNet"):
         _ctx(dst)
 
@@ -199,19 +206,12 @@ def test_a_layer_missing_its_kind_of_tensor_is_named(tmp_path) -> None:
 def test_multi_token_prediction_blocks_are_not_part_of_the_trunk(tmp_path) -> None:
     """A file with ``nextn_predict_layers`` blocks after the trunk (their tensors named
     ``blk.N.nextn.*``) runs the trunk only, as llama.cpp: the logits of the file without them."""
-    src, dst = tmp_path / "trunk.gguf", tmp_path / "mtp.gguf"
-    write_tiny_qwen35(src, GGMLType.Q8_0, seed=SEED)
-    r = GGUFReader(src)
-    w = GGUFWriter(dst)
-    for f in r.fields.values():
-        w.add_field(f)
+    r, w = _copy(tmp_path, GGMLType.Q8_0)
     w.add("qwen35.block_count", 5, GGUFValueType.UINT32)
     w.add("qwen35.nextn_predict_layers", 1, GGUFValueType.UINT32)
-    for t in r.tensors:
-        w.add_tensor_info(t)
     e = int(r.metadata["qwen35.embedding_length"])
     eh = np.random.default_rng(0).standard_normal((e, 2 * e)).astype(np.float32)
     w.add_tensor("blk.4.nextn.eh_proj.weight", GGMLType.F32, (2 * e, e), eh.view(np.uint8))
     w.write()
-    got = _ctx(dst).decode(Batch.from_tokens(TOKENS, logits="all"))
+    got = _ctx(tmp_path / "edited.gguf").decode(Batch.from_tokens(TOKENS, logits="all"))
     np.testing.assert_array_equal(got, FIX["Q8_0.logits"])
