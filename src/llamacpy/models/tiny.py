@@ -84,6 +84,7 @@ TINY_SHAPE = {
     "n_ff_exp": 0,  # qwen3moe's expert_feed_forward_length (0: none)
     "router_f32": 0,  # 1: ffn_gate_inp in F32 (as converted files keep it), not weight_type
     "experts_type": -1,  # the experts' ggml type (-1: weight_type)
+    "head_dim": 0,  # attention.key_length (0: the architecture's tiny default)
 }
 
 
@@ -143,7 +144,7 @@ def write_tiny_llama(
         rope = "yarn" if rope == "none" else rope
         sliding_window = sliding_window or 4
     s = {**TINY_SHAPE, **own, **shape}
-    hd = 32 if arch in ("qwen3", "qwen3moe") else s["n_embd"] // s["n_head"]
+    hd = s["head_dim"] or (32 if arch in ("qwen3", "qwen3moe") else s["n_embd"] // s["n_head"])
     w = GGUFWriter(path)
     w.add("general.architecture", arch)
     # (llama.cpp keys vocabulary fix-ups on names containing "phi3": keep the arch out)

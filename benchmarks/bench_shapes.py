@@ -1,0 +1,79 @@
+#!/usr/bin/env python
+"""Random-weight models of real shapes side by side with llama.cpp, in one run: prefill and
+decode speed of the architectures no real model here covers.
+
+    .venv/bin/python benchmarks/bench_shapes.py [--model NAME] [-p 512] [-n 128] [-t 2]
+        [-r 3] [--llama-bin DIR] [--dir DIR]
+
+Models (Q8_0 weights, written once to ``--dir`` by ``models.tiny``):
+
+* ``qwen35-0.8b``: the hybrid ``qwen35`` with Qwen3.5-0.8B's shape (1024 wide, 24 layers of
+  which every fourth is full attention; 16 key and 16 value heads of 128 in the Gated
+  DeltaNet layers, 8 query and 2 KV heads of 256 in the attention layers; FFN 3584;
+  vocabulary 248320);
+* ``qwen3moe-30b-a3b-8l``: ``qwen3moe`` with Qwen3-30B-A3B's layer shape (2048 wide, 32
+  query and 4 KV heads of 128, 128 experts of 768 with 8 used per token, vocabulary 151936)
+  but 8 of its 48 layers, so that it fits in memory: the per-layer work of the real model.
+
+Speed is measured as ``bench_engine.py`` does (``llama-bench -p 512 -n 128``; the two sides
+alternate, one repetition each).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_engine import DEFAULT_BIN, speed_table
+
+SHAPES = {
+    "qwen35-0.8b": ("qwen35", dict(
+        n_embd=1024, n_layer=24, n_ff=3584, n_head=8, n_head_kv=2, head_dim=256, n_rot=64,
+        d_conv=4, d_state=128, n_group=16, dt_rank=16, n_vocab=248320, n_ctx=4096,
+    )),
+    "qwen3moe-30b-a3b-8l": ("qwen3moe", dict(
+        n_embd=2048, n_layer=8, n_ff=6144, n_head=32, n_head_kv=4, head_dim=128,
+        n_expert=128, n_expert_used=8, n_ff_exp=768, n_vocab=151936, n_ctx=4096,
+    )),
+}  # fmt: skip
+
+
+def write(name: str, path: Path) -> None:
+    from llamacpy.gguf import GGMLType
+    from llamacpy.models.tiny import write_tiny_llama, write_tiny_qwen35
+
+    arch, shape = SHAPES[name]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    print(f"writing {path} ...", flush=True)
+    if arch == "qwen35":
+        write_tiny_qwen35(path, GGMLType.Q8_0, seed=0, **shape)
+    else:
+        write_tiny_llama(path, GGMLType.Q8_0, seed=0, arch=arch, **shape)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", choices=sorted(SHAPES), default="qwen35-0.8b")
+    ap.add_argument("-p", type=int, default=512)
+    ap.add_argument("-n", type=int, default=128)
+    ap.add_argument("-t", type=int, default=2)
+    ap.add_argument("-r", type=int, default=3)
+    ap.add_argument("--llama-bin", default=os.environ.get("LLAMA_CPP_BIN", DEFAULT_BIN))
+    ap.add_argument("--dir", default=str(Path.home() / ".cache/llamacpy/bench"))
+    a = ap.parse_args()
+
+    path = Path(a.dir) / f"{a.model}-q8_0.gguf"
+    if not path.exists():
+        write(a.model, path)
+    bin_dir = Path(a.llama_bin)
+    have_llama = (bin_dir / "llama-bench").exists()
+    print(f"model {path}\nthreads {a.t}, load: {os.getloadavg()}")
+    speed_table(str(path), a, bin_dir if have_llama else None)
+
+
+if __name__ == "__main__":
+    main()
