@@ -13,7 +13,10 @@ Models (Q8_0 weights, written once to ``--dir`` by ``models.tiny``):
   vocabulary 248320);
 * ``qwen3moe-30b-a3b-8l``: ``qwen3moe`` with Qwen3-30B-A3B's layer shape (2048 wide, 32
   query and 4 KV heads of 128, 128 experts of 768 with 8 used per token, vocabulary 151936)
-  but 8 of its 48 layers, so that it fits in memory: the per-layer work of the real model.
+  but 8 of its 48 layers, so that it fits in memory: the per-layer work of the real model;
+* ``gpt-oss-20b-8l``: ``gpt-oss`` with gpt-oss-20b's layer shape (2880 wide, 64 query and 8
+  KV heads of 64, sliding window 128 in every other layer, 32 experts of 2880 in MXFP4 with 4
+  used, vocabulary 201088), 8 of its 24 layers.
 
 Speed is measured as ``bench_engine.py`` does (``llama-bench -p 512 -n 128``; the two sides
 alternate, one repetition each).
@@ -38,6 +41,11 @@ SHAPES = {
     "qwen3moe-30b-a3b-8l": ("qwen3moe", dict(
         n_embd=2048, n_layer=8, n_ff=6144, n_head=32, n_head_kv=4, head_dim=128,
         n_expert=128, n_expert_used=8, n_ff_exp=768, n_vocab=151936, n_ctx=4096,
+    )),
+    "gpt-oss-20b-8l": ("gpt-oss", dict(
+        n_embd=2880, n_layer=8, n_ff=2880, n_head=64, n_head_kv=8, head_dim=64,
+        n_expert=32, n_expert_used=4, n_ff_exp=2880, n_vocab=201088, n_ctx=4096,
+        experts_type=39, sliding_window=128,  # MXFP4 experts, as released
     )),
 }  # fmt: skip
 

@@ -170,7 +170,7 @@ def _add_hparams(w, a: str, s: dict, hd: int, rope: str, sliding_window: int, at
         w.add(f"{a}.expert_used_count", s["n_expert_used"], GGUFValueType.UINT32)
     if s["n_ff_exp"]:
         w.add(f"{a}.expert_feed_forward_length", s["n_ff_exp"], GGUFValueType.UINT32)
-    if a in ("qwen3", "qwen3moe"):
+    if a in ("qwen3", "qwen3moe") or s["head_dim"]:
         w.add(f"{a}.attention.key_length", hd, GGUFValueType.UINT32)
         w.add(f"{a}.attention.value_length", hd, GGUFValueType.UINT32)
     w.add(f"{a}.rope.dimension_count", hd, GGUFValueType.UINT32)
