@@ -3,11 +3,11 @@
 
 Run from the repository root with the project's venv::
 
-    .venv/bin/python scripts/make_qwen35_fixtures.py [--oracle-py /root/oracle/py/bin/python]
+    .venv/bin/python scripts/make_qwen35_fixtures.py [--arch qwen35moe] [--oracle-py PY]
 
-Writes ``tests/fixtures/engine/qwen35_logits.npz``: for the tiny random ``qwen35`` of
-``llamacpy.models.tiny.write_tiny_qwen35`` (seed 3, F32 and Q8_0 weights, rebuilt by the
-tests) the file's sha256, llama.cpp's logits on ``tokens`` (one batch, every position), a
+Writes ``tests/fixtures/engine/{arch}_logits.npz``: for the tiny random ``qwen35`` of
+``llamacpy.models.tiny.write_tiny_qwen35`` (``qwen35moe``: ``write_tiny_qwen35moe``; seed 3,
+F32 and Q8_0 weights, rebuilt by the tests) the file's sha256, llama.cpp's logits on ``tokens`` (one batch, every position), a
 greedy continuation of ``prompt`` with the logits of each step (prompt in one batch, then one
 token at a time), and what ``llama_memory_seq_rm`` answers after the prompt for a tail, a
 range past the end and the whole sequence.
@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from llamacpy.gguf import GGMLType  # noqa: E402
-from llamacpy.models.tiny import write_tiny_qwen35  # noqa: E402
+from llamacpy.models.tiny import write_tiny_qwen35, write_tiny_qwen35moe  # noqa: E402
 from make_arch_fixtures import ORACLE_LOGITS, ORACLE_PY, PROMPT, TOKENS, oracle  # noqa: E402
 
 FIX = ROOT / "tests" / "fixtures" / "engine"
@@ -36,6 +36,7 @@ SEED = 3
 N_GREEDY = 8
 N_CTX = 64
 TYPES = (GGMLType.F32, GGMLType.Q8_0)
+WRITERS = {"qwen35": write_tiny_qwen35, "qwen35moe": write_tiny_qwen35moe}
 SEQ_RM = ((0, 3, -1), (0, len(PROMPT) + N_GREEDY, -1), (0, 0, -1))  # (seq, p0, p1)
 
 _STEPS = """llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(m.ctx), True)
@@ -55,6 +56,7 @@ _CODE = ORACLE_LOGITS + _STEPS
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", choices=sorted(WRITERS), default="qwen35")
     ap.add_argument("--oracle-py", default=ORACLE_PY)
     args = ap.parse_args()
     out: dict[str, np.ndarray] = {
@@ -64,8 +66,8 @@ def main() -> None:
     }
     with tempfile.TemporaryDirectory() as tmp:
         for t in TYPES:
-            path = Path(tmp) / f"qwen35_{t.name}.gguf"
-            write_tiny_qwen35(path, t, seed=SEED)
+            path = Path(tmp) / f"{args.arch}_{t.name}.gguf"
+            WRITERS[args.arch](path, t, seed=SEED)
             code = _CODE.format(
                 path=str(path), n_ctx=N_CTX, tokens=TOKENS, n=len(TOKENS), prompt=PROMPT,
                 n_gen=N_GREEDY, seq_rm=SEQ_RM,
@@ -79,7 +81,7 @@ def main() -> None:
             print(
                 f"{t.name}: |logits| max {mx:.3f}, greedy {res['greedy']}, seq_rm {res['seq_rm']}"
             )
-    np.savez_compressed(FIX / "qwen35_logits.npz", **out)
+    np.savez_compressed(FIX / f"{args.arch}_logits.npz", **out)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from llamacpy.models.tiny import (
     write_tiny_bert,
     write_tiny_llama,
     write_tiny_qwen35,
+    write_tiny_qwen35moe,
 )
 
 FIX = np.load(Path(__file__).parent / "fixtures" / "engine" / "arch_logits.npz")
@@ -54,7 +55,8 @@ def _decoder(arch: str, **kw) -> Builder:
 # architecture -> writer of a tiny random model of it (every registered one needs one)
 BUILDERS: dict[str, Builder] = {arch: _decoder(arch) for arch in TINY_ARCHS}
 BUILDERS["bert"] = lambda path, t: write_tiny_bert(path, t, seed=SEED)
-BUILDERS["qwen35"] = lambda path, t: write_tiny_qwen35(path, t, seed=SEED)  # hybrid
+BUILDERS["qwen35"] = lambda path, t: write_tiny_qwen35(path, t, seed=SEED)  # hybrids
+BUILDERS["qwen35moe"] = lambda path, t: write_tiny_qwen35moe(path, t, seed=SEED)
 ENCODERS = {"bert"}
 TOKENS = FIX["tokens"].tolist()  # 18 tokens: past gemma3's window of 4
 PROMPT = FIX["prompt"].tolist()

@@ -1,11 +1,13 @@
 """qwen35 (Qwen3.5 dense: Gated DeltaNet + gated full attention) through the numpy
-specification (``models/delta_net_ref.py``) and the engine's hybrid memory, against
-llama.cpp's logits (``tests/fixtures/engine/qwen35_logits.npz``,
+specification (``models/delta_net_ref.py``) and the engine's hybrid memory, and qwen35moe
+(the same layers with routed experts and a gated shared expert for the FFN) through the
+engine, against llama.cpp's logits (``tests/fixtures/engine/{arch}_logits.npz``,
 ``scripts/make_qwen35_fixtures.py``)."""
 
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 
 import numpy as np
@@ -18,9 +20,14 @@ from llamacpy.errors import ModelError
 from llamacpy.gguf import GGMLType, GGUFReader, GGUFValueType, GGUFWriter
 from llamacpy.models.delta_net_ref import Qwen35Reference
 from llamacpy.models.reference import Reference
-from llamacpy.models.tiny import write_tiny_qwen35
+from llamacpy.models.tiny import write_tiny_qwen35, write_tiny_qwen35moe
 
-FIX = np.load(Path(__file__).parent / "fixtures" / "engine" / "qwen35_logits.npz")
+FIXES = {
+    arch: np.load(Path(__file__).parent / "fixtures" / "engine" / f"{arch}_logits.npz")
+    for arch in ("qwen35", "qwen35moe")
+}
+FIX = FIXES["qwen35"]
+WRITERS = {"qwen35": write_tiny_qwen35, "qwen35moe": write_tiny_qwen35moe}
 SEED = 3
 TOKENS, PROMPT = FIX["tokens"].tolist(), FIX["prompt"].tolist()
 RTOL = {"F32": 5e-4, "Q8_0": 1e-5}  # of max |logit| (measured: 4.5e-5, 1.1e-7)
@@ -93,12 +100,19 @@ def test_a_prompt_in_several_ubatches_continues_the_state(model) -> None:
 # (Gated DeltaNet, gated attention) and the hybrid memory, against llama.cpp's logits.
 
 
-@pytest.fixture(scope="module", params=["F32", "Q8_0"])
+@pytest.fixture(
+    scope="module",
+    params=[(a, t) for a in WRITERS for t in ("F32", "Q8_0")],
+    ids=lambda p: f"{p[0]}-{p[1]}",
+)
 def gguf(request, tmp_path_factory):
-    t = GGMLType[request.param]
-    path = tmp_path_factory.mktemp("qwen35_engine") / f"qwen35_{t.name}.gguf"
-    write_tiny_qwen35(path, t, seed=SEED)
-    return t.name, path
+    """(weight type, path of the tiny model, llama.cpp's fixtures of it)."""
+    arch, name = request.param
+    path = tmp_path_factory.mktemp("qwen35_engine") / f"{arch}_{name}.gguf"
+    WRITERS[arch](path, GGMLType[name], seed=SEED)
+    fix = FIXES[arch]
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == str(fix[f"{name}.sha256"])
+    return name, path, fix
 
 
 def _ctx(path, **kw) -> Context:
@@ -114,16 +128,16 @@ def _engine_close(name, got, want):
 
 @pytest.mark.parametrize(("n_ubatch", "n_threads"), [(512, 2), (7, 1), (1, 2), (3, 2)])
 def test_engine_prompt_logits_match_llama_cpp(gguf, n_ubatch, n_threads) -> None:
-    name, path = gguf
+    name, path, fix = gguf
     ctx = _ctx(path, n_ubatch=n_ubatch, n_threads=n_threads)
     got = ctx.decode(Batch.from_tokens(TOKENS, logits="all"))
-    _engine_close(name, got, FIX[f"{name}.logits"])
+    _engine_close(name, got, fix[f"{name}.logits"])
 
 
 def test_engine_greedy_decode_matches_llama_cpp(gguf) -> None:
-    name, path = gguf
+    name, path, fix = gguf
     ctx = _ctx(path)
-    steps, greedy = FIX[f"{name}.steps"], FIX[f"{name}.greedy"].tolist()
+    steps, greedy = fix[f"{name}.steps"], fix[f"{name}.greedy"].tolist()
     logits = ctx.decode(Batch.from_tokens(PROMPT))
     out = []
     for k in range(len(greedy)):
@@ -131,7 +145,7 @@ def test_engine_greedy_decode_matches_llama_cpp(gguf) -> None:
         out.append(int(logits[0].argmax()))
         logits = ctx.decode(Batch.from_tokens([out[-1]], pos0=len(PROMPT) + k))
     assert out == greedy
-    for (seq, p0, p1), want in zip(FIX["seq_rm_args"].tolist(), FIX[f"{name}.seq_rm"].tolist()):
+    for (seq, p0, p1), want in zip(fix["seq_rm_args"].tolist(), fix[f"{name}.seq_rm"].tolist()):
         assert ctx.seq_rm(seq, p0, p1) is bool(want)
 
 
@@ -139,7 +153,7 @@ def test_engine_sequences_interleaved_in_a_ubatch_keep_their_own_state(gguf) -> 
     """Two sequences decoded together (tokens interleaved, each its own state row) give
     each one's logits alone, and a copied state continues as the original (deterministic
     contexts: attention in order of position, so the cells' places do not matter)."""
-    _name, path = gguf
+    _name, path, _fix = gguf
     a, b = TOKENS[:9], TOKENS[5:16]
     alone = []
     for toks in (a, b):
@@ -161,46 +175,75 @@ def test_engine_sequences_interleaved_in_a_ubatch_keep_their_own_state(gguf) -> 
     np.testing.assert_array_equal(step[0], step[1])
 
 
+# Q8_0 weights see their activations rounded to q8_0: a last-bit difference (numpy's float64
+# sums) on a rounding boundary moves one activation a whole step, and the recurrent state
+# carries it to the ubatch's later rows (measured, qwen35moe: rows 1-4 of the first ubatch
+# of 5 within 8.8e-3, the others within 1e-7; the engine itself is bit-identical to
+# llama.cpp). As tests/test_reference.py: at most a third of the rows past RTOL, none past
+# FLIPPED.
+FLIPPED = 5e-2
+
+
 def test_compiled_stages_match_the_reference(gguf, monkeypatch) -> None:
     """The compiled forward against models/reference.py's stage functions (the Branch
     picks the Gated DeltaNet or the gated attention stages per layer), ubatch by ubatch."""
-    name, path = gguf
+    name, path, _fix = gguf
     ctx = _ctx(path, n_ubatch=5)
-    ref, compiled, worst = Reference(ctx.model), ctx.model.forward, []
+    ref, compiled, rows = Reference(ctx.model), ctx.model.forward, []
 
     def both(ws, ub, kv, n_threads, deterministic=False):
         mine = tuple(a.copy() for a in kv[:4])
         want = ref.forward(ub, (*mine, kv[4]), n_threads)
         got = compiled(ws, ub, kv, n_threads, deterministic)
-        worst.append(np.abs(got - want).max() / np.abs(want).max())
+        rows.extend(np.abs(got - want).max(-1) / np.abs(want).max())
+        assert (got.argmax(-1) == want.argmax(-1)).all()
         return got
 
     monkeypatch.setattr(ctx.model, "forward", both)
     ctx.decode(Batch.from_tokens(TOKENS[:12], logits="all"))
     ctx.decode(Batch.from_tokens([3], pos0=12))
-    assert max(worst) < RTOL[name], worst
+    rel = np.array(rows)
+    if name == "F32":
+        assert rel.max() < RTOL[name], rel
+    else:
+        assert rel.max() < FLIPPED and (rel >= RTOL[name]).sum() <= len(rel) // 3, rel
 
 
-def _copy(tmp_path, t: GGMLType, drop: str = "") -> tuple[GGUFReader, GGUFWriter]:
-    """The tiny model's fields and tensors (but ``drop``) queued on a writer of a new file."""
+def _copy(
+    tmp_path, t: GGMLType, drop: str = "", writer=write_tiny_qwen35, reshape=None
+) -> tuple[GGUFReader, GGUFWriter]:
+    """The tiny model's fields and tensors (but ``drop``; shapes through ``reshape``) queued
+    on a writer of a new file (``tiny.gguf`` -> ``edited.gguf``)."""
     src = tmp_path / "tiny.gguf"
-    write_tiny_qwen35(src, t, seed=SEED)
+    writer(src, t, seed=SEED)
     r = GGUFReader(src)
     w = GGUFWriter(tmp_path / "edited.gguf")
     for f in r.fields.values():
         w.add_field(f)
     for info in r.tensors:
-        if info.name != drop:
+        if info.name == drop:
+            continue
+        if reshape is None:
             w.add_tensor_info(info)
+        else:
+            w.add_tensor(info.name, info.type, reshape(info), lambda info=info: info.raw)
     return r, w
 
 
-def test_a_layer_missing_its_kind_of_tensor_is_named(tmp_path) -> None:
-    _r, w = _copy(tmp_path, GGMLType.F32, drop="blk.1.ssm_out.weight")
+MISSING = [
+    (write_tiny_qwen35, "blk.1.ssm_out.weight", r"layer 1 is a Gated DeltaNet"),
+    (write_tiny_qwen35moe, "blk.3.attn_q_norm.weight", r"layer 3 is a full-attention"),
+    (write_tiny_qwen35moe, "blk.2.ffn_gate_inp_shexp.weight", r"required by qwen35moe"),
+    (write_tiny_qwen35moe, "blk.0.ffn_down_exps.weight", r"required by qwen35moe"),
+]
+
+
+@pytest.mark.parametrize(("writer", "tensor", "why"), MISSING, ids=[m[1] for m in MISSING])
+def test_a_missing_tensor_is_named(tmp_path, writer, tensor, why) -> None:
+    _r, w = _copy(tmp_path, GGMLType.F32, drop=tensor, writer=writer)
     w.write()
-    dst = tmp_path / "edited.gguf"
-    with pytest.raises(ModelError, match=r"blk\.1\.ssm_out\.weight.*layer 1 is a Gated DeltaNet"):
-        _ctx(dst)
+    with pytest.raises(ModelError, match=re.escape(repr(tensor)) + ".*" + why):
+        _ctx(tmp_path / "edited.gguf")
 
 
 def test_multi_token_prediction_blocks_are_not_part_of_the_trunk(tmp_path) -> None:
@@ -215,3 +258,16 @@ def test_multi_token_prediction_blocks_are_not_part_of_the_trunk(tmp_path) -> No
     w.write()
     got = _ctx(tmp_path / "edited.gguf").decode(Batch.from_tokens(TOKENS, logits="all"))
     np.testing.assert_array_equal(got, FIX["Q8_0.logits"])
+
+
+def test_a_two_dimensional_shared_expert_gate_loads(tmp_path) -> None:
+    """Converted files keep ``ffn_gate_inp_shexp`` as ``[n_embd, 1]`` (a torch ``[1, n_embd]``
+    weight); llama.cpp loads it as the declared ``[n_embd]``, and so do we: same logits."""
+    gate = "ffn_gate_inp_shexp.weight"
+    _r, w = _copy(tmp_path, GGMLType.Q8_0, writer=write_tiny_qwen35moe,
+                  reshape=lambda t: (*t.shape, 1) if t.name.endswith(gate) else t.shape)  # fmt: skip
+    w.write()
+    src, dst = tmp_path / "tiny.gguf", tmp_path / "edited.gguf"
+    assert GGUFReader(dst).tensor("blk.0." + gate).shape == (256, 1)
+    got = [_ctx(p).decode(Batch.from_tokens(TOKENS[:6], logits="all")) for p in (src, dst)]
+    np.testing.assert_array_equal(got[0], got[1])

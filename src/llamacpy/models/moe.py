@@ -40,13 +40,13 @@ def with_experts(tensors: tuple[Tensor | Fused, ...]) -> tuple[Tensor | Fused, .
     return kept + EXPERT_TENSORS
 
 
-def moe_block(block: tuple[str, ...]) -> tuple[str, ...]:
-    """``block`` with its SwiGLU FFN (``ffn_swiglu``, ``ffn_down``) replaced by the router
-    and the experts."""
+def moe_block(block: tuple, ffn: tuple[str, ...] = ("ffn_router", "ffn_moe")) -> tuple:
+    """``block`` with its SwiGLU FFN (``ffn_swiglu``, ``ffn_down``) replaced by ``ffn``: the
+    router and the experts (qwen35moe: and a shared expert)."""
     i = block.index("ffn_swiglu")
     if block[i : i + 2] != ("ffn_swiglu", "ffn_down"):
         raise ValueError("a mixture of experts replaces ffn_swiglu, ffn_down")
-    return (*block[:i], "ffn_router", "ffn_moe", *block[i + 2 :])
+    return (*block[:i], *ffn, *block[i + 2 :])
 
 
 class MoEDecoder(Decoder):
@@ -62,6 +62,7 @@ class MoEDecoder(Decoder):
 
     @classmethod
     def derived(cls, hp: HParams) -> HParams:
+        hp = super().derived(hp)
         n_expert, n_used = hp.extra["n_expert"], hp.extra["n_expert_used"]
         if n_used > n_expert:
             raise ModelError(

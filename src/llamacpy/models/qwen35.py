@@ -109,6 +109,7 @@ class Qwen35Model(Decoder):
 
     @classmethod
     def derived(cls, hp: HParams) -> HParams:
+        hp = super().derived(hp)
         x = hp.extra
         inner, heads, state = x["ssm_d_inner"], x["ssm_dt_rank"], x["ssm_d_state"]
         a = cls.arch

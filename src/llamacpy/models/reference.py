@@ -22,7 +22,7 @@ from ..ops.activations import geglu_numpy, silu_numpy, swiglu_numpy, swiglu_oai_
 from ..ops.attention_ref import attention_numpy, load_rows_numpy, store_row_numpy
 from ..ops.dequant import dequantize_repacked_numpy
 from ..ops.matmul import block_mins, matmul_numpy
-from ..ops.moe import route_numpy, softmax_ggml_numpy
+from ..ops.moe import route_numpy, shared_gate_numpy, softmax_ggml_numpy
 from ..ops.norm import rms_norm_numpy
 from ..ops.rope import rope_numpy
 from .common import UBatchArrays
@@ -72,6 +72,8 @@ class Pass:
     g: np.ndarray | None = None  # [rows, n_ff] gated FFN activation
     sel: np.ndarray | None = None  # [rows, n_expert_used] experts of each row, best first
     wts: np.ndarray | None = None  # [rows, n_expert_used] their weights
+    moe: np.ndarray | None = None  # [rows, n_embd] the routed experts' sum, kept apart
+    shexp_gate: np.ndarray | None = None  # [rows] a shared expert's gate
     gate: np.ndarray | None = None  # [n, ...] an output gate (attention's; DeltaNet's z)
     # Gated DeltaNet: beta and decay [n, H_v]; the recurrent part of a hybrid memory (conv
     # rows [layers, sequences, floats], delta-rule rows likewise) and each token's row
@@ -348,9 +350,9 @@ def ffn_router(r: Reference, p: Pass, L) -> None:
     p.sel, p.wts = route_numpy(softmax_ggml_numpy(logits), k, norm, scale)
 
 
-def ffn_moe(r: Reference, p: Pass, L) -> None:
-    """``x += sum_j w_j * (silu(h . gate_e_j) * (h . up_e_j)) . down_e_j``: each expert's
-    output times its weight, added in the order of the selection, then to ``x``."""
+def _moe(r: Reference, p: Pass, L) -> np.ndarray:
+    """``sum_j w_j * (silu(h . gate_e_j) * (h . up_e_j)) . down_e_j``: each expert's output
+    times its weight, added in the order of the selection."""
     n, k = p.sel.shape
     n_embd, f = int(r.M["n_embd"]), int(r.M["n_ff_exp"])
     act = swiglu_oai_numpy if r.M["expert_act"] == ACT_SWIGLU_OAI else swiglu_numpy
@@ -365,7 +367,31 @@ def ffn_moe(r: Reference, p: Pass, L) -> None:
     acc = out[:, 0] * p.wts[:, :1]
     for j in range(1, k):
         acc = (acc + out[:, j] * p.wts[:, j : j + 1]).astype(_F32)
-    p.x = (acc + p.x).astype(_F32)
+    return acc.astype(_F32)
+
+
+def ffn_moe(r: Reference, p: Pass, L) -> None:
+    """``x += sum_j w_j * (silu(h . gate_e_j) * (h . up_e_j)) . down_e_j``: each expert's
+    output times its weight, added in the order of the selection, then to ``x``."""
+    p.x = (_moe(r, p, L) + p.x).astype(_F32)
+
+
+def ffn_moe_keep(r: Reference, p: Pass, L) -> None:
+    """The routed experts' sum of :func:`ffn_moe`, kept for a shared expert."""
+    p.moe = _moe(r, p, L)
+
+
+def ffn_shexp_gate(r: Reference, p: Pass, L) -> None:
+    """A shared expert's gate ``sigmoid(h . ffn_gate_inp_shexp)`` per row."""
+    w = r.vec(L["ffn_gate_inp_shexp"], int(r.M["n_embd"]))
+    p.shexp_gate = shared_gate_numpy(p.h, w)
+
+
+def ffn_shexp_down(r: Reference, p: Pass, L) -> None:
+    """``x += (moe + (g . ffn_down) * gate)``: the shared expert's output times its gate,
+    added to the routed experts' sum, then to the residual."""
+    shared = (r.mm(L["ffn_down"], p.g) * p.shexp_gate[:, None]).astype(_F32)
+    p.x = ((p.moe + shared).astype(_F32) + p.x).astype(_F32)
 
 
 # ----------------------------------------------------------------------------- gated attention
@@ -461,6 +487,9 @@ STAGES: dict[str, Stage] = {
         ffn_down_post_norm,
         ffn_router,
         ffn_moe,
+        ffn_moe_keep,
+        ffn_shexp_gate,
+        ffn_shexp_down,
         q_gate,
         attn_gate,
         delta_net_in,

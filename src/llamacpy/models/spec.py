@@ -185,12 +185,22 @@ def check_tensors(
                     if d.optional:
                         continue
                     raise ModelError(f"tensor {name!r} is missing (required by {arch})")
-            if tuple(got) != want:
+            if _ne(got) != _ne(want):
                 raise ModelError(
                     f"tensor {name!r} has shape {tuple(got)}, expected {want} from the "
                     f"hyper-parameters (n_embd={hp.n_embd}, n_head={hp.n_head}, "
                     f"n_head_kv={hp.n_head_kv}, n_ff={hp.n_ff}, n_vocab={hp.n_vocab})"
                 )
+
+
+def _ne(shape) -> tuple[int, ...]:
+    """A shape without its trailing 1s: ggml's ``ne`` are 1 past a tensor's dimensions, so
+    llama.cpp's loader takes ``[n, 1]`` for a declared ``[n]`` (converted files keep
+    ``[1, n]`` torch weights, qwen35moe's shared-expert gate, as 2-D)."""
+    shape = tuple(shape)
+    while len(shape) > 1 and shape[-1] == 1:
+        shape = shape[:-1]
+    return shape
 
 
 def _fused_for(decls, field: str, i: int | None, shapes) -> Fused | None:

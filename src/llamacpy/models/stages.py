@@ -43,7 +43,7 @@ from ..ops.attention import (
 from ..ops.delta_net import conv_tokens, delta_rule_head, l2_norm
 from ..ops.dequant import get_row_sel
 from ..ops.matmul import matmul_sel, prepare_acts
-from ..ops.moe import expert_weights, softmax_ggml, top_k
+from ..ops.moe import expert_weights, shared_gate, softmax_ggml, top_k
 from ..ops.norm import head_rms_norm, rms_norm
 from ..ops.rope import rope_apply, rope_cache
 from ..ops.threads import barrier, split, tick, timed_barrier
@@ -101,6 +101,7 @@ LAYER_DTYPE = np.dtype(
             "ffn_gate_exps_bias",  # and the first expert's biases (expert e: + e * rows)
             "ffn_up_exps_bias",
             "ffn_down_exps_bias",
+            "ffn_gate_inp_shexp",  # a shared expert's one-row gate (qwen35moe)
             "need_qkv",
             "need_out",
             "need_ffn",
@@ -588,11 +589,11 @@ def _experts(c, L, down, g0, g1):
                     swiglu(c.G, c.U, r, r + 1, 16 * g0, i1, c.G)
 
 
-@njit(cache=True)
-def ffn_moe(c, L, clk):
-    """``x += sum_j w_j * (silu(h . gate_e_j) * (h . up_e_j)) . down_e_j`` over each
-    token's selected experts ``e_j`` (:func:`ffn_router`): the weighted outputs added in
-    the order of the selection, then to the residual, as llama.cpp's ``build_moe_ffn``."""
+@njit(cache=True, inline="always")
+def _moe(c, L, keep, clk):
+    """The selected experts' weighted outputs ``sum_j w_j * o_j`` added in the order of the
+    selection (products rounded, then added, as ``build_moe_ffn``), then to the residual
+    ``X``, or (``keep``) kept in each token's first expert row ``EO[t * n_expert_used]``."""
     M = c.M
     n, k, tid, n_embd = c.st.n_rows, M.n_expert_used, c.tid, M.n_embd
     g0, g1 = split((M.n_ff_exp + 15) // 16, tid, c.nth)
@@ -608,8 +609,61 @@ def ffn_moe(c, L, clk):
             acc = c.WTS[t, 0] * c.EO[t * k, i]
             for j in range(1, k):
                 acc = acc + c.WTS[t, j] * c.EO[t * k + j, i]
-            c.X[t, i] = acc + c.X[t, i]
+            if keep:
+                c.EO[t * k, i] = acc
+            else:
+                c.X[t, i] = acc + c.X[t, i]
     return _sync(c, tick(c.prof, tid, P_FFN_DOWN, clk))
+
+
+@njit(cache=True)
+def ffn_moe(c, L, clk):
+    """``x += sum_j w_j * (silu(h . gate_e_j) * (h . up_e_j)) . down_e_j`` over each
+    token's selected experts ``e_j`` (:func:`ffn_router`): the weighted outputs added in
+    the order of the selection, then to the residual, as llama.cpp's ``build_moe_ffn``."""
+    return _moe(c, L, False, clk)
+
+
+@njit(cache=True)
+def ffn_moe_keep(c, L, clk):
+    """:func:`ffn_moe`'s sum kept apart (in ``EO``) for a shared expert to join it before
+    the residual (qwen35moe)."""
+    return _moe(c, L, True, clk)
+
+
+@njit(cache=True)
+def ffn_shexp_gate(c, L, clk):
+    """A shared expert's gate ``sigmoid(h . ffn_gate_inp_shexp)`` per token (into ``RL[t,
+    0]``, the router being done) from the float rows :func:`ffn_norm` left (``XN``; one row:
+    the private ``XP``), and ``h`` quantized again for the shared expert (the experts'
+    down projection used the activation buffer; one row: still in the private one)."""
+    n_embd, w = c.M.n_embd, c.NF[L.ffn_gate_inp_shexp :]
+    if c.st.n_rows == 1:
+        if c.tid == 0:  # read after the barriers of the next stages
+            c.RL[0, 0] = shared_gate(c.XP[0], w, n_embd)
+        return clk
+    t0, t1 = _token_rows(c)
+    for t in range(t0, t1):
+        c.RL[t, 0] = shared_gate(c.XN[t], w, n_embd)
+    prepare_acts(c.XN, t0, t1, n_embd, L.need_ffn, c.A)
+    return _sync(c, tick(c.prof, c.tid, P_NORM, clk))
+
+
+@njit(cache=True)
+def ffn_shexp_down(c, L, clk):
+    """``x += (moe + (g . ffn_down) * gate)``: the shared expert's output (its SwiGLU ``g``
+    from :func:`ffn_swiglu` over the shared matrices) times its gate, added to the kept sum
+    of the routed experts, then to the residual, as llama.cpp's qwen35moe."""
+    M = c.M
+    n, k, n_embd = c.st.n_rows, M.n_expert_used, M.n_embd
+    ta, tb, AA = _acts(c)
+    g0, g1 = split((n_embd + 15) // 16, c.tid, c.nth)
+    matmul_sel(c.fmask, c.W, c.WD[L.ffn_down], AA, ta, tb, g0, g1, c.XN, 0, False)
+    for t in range(n):  # this thread's columns: no barrier
+        s = c.RL[t, 0]
+        for i in range(16 * g0, min(16 * g1, n_embd)):
+            c.X[t, i] = (c.EO[t * k, i] + c.XN[t, i] * s) + c.X[t, i]
+    return _sync(c, tick(c.prof, c.tid, P_FFN_DOWN, clk))
 
 
 # ----------------------------------------------------------------------------- gated attention

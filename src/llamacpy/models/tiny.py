@@ -204,12 +204,9 @@ def _add_byte_vocab(w, v: int) -> None:
     w.add("tokenizer.ggml.add_bos_token", False)
 
 
-def _add_tensors(w, rng, t: GGMLType, arch: str, s: dict, hd: int, rope: str) -> None:
-    """Random tensors of every layer and the global ones (drawn from ``rng`` in file order)."""
-    e, v = s["n_embd"], s["n_vocab"]
-
-    def norm(n: int = e) -> np.ndarray:
-        return (1.0 + _normal(rng, n)).astype(np.float32)
+def _writers(w, rng, t: GGMLType, e: int):
+    """(``mat``, ``vec``, ``norm``): add a random matrix (``n`` > 1: 3-D, one per expert) of
+    type ``t`` (or ``typ``), add an F32 tensor, draw a norm's weights of ``n`` (default ``e``)."""
 
     def mat(name: str, nrows: int, ncols: int, n: int = 1, typ: GGMLType | None = None) -> None:
         typ = t if typ is None else typ
@@ -217,8 +214,19 @@ def _add_tensors(w, rng, t: GGMLType, arch: str, s: dict, hd: int, rope: str) ->
         w.add_tensor(name, typ, shape, random_tensor(rng, typ, nrows * n, ncols))
 
     def vec(name: str, x: np.ndarray, shape: tuple[int, ...] | None = None) -> None:
-        w.add_tensor(name, GGMLType.F32, shape or (len(x),), x)
+        x = np.asarray(x, np.float32)
+        w.add_tensor(name, GGMLType.F32, shape or (x.size,), x.reshape(-1))
 
+    def norm(n: int = e) -> np.ndarray:
+        return (1.0 + _normal(rng, n)).astype(np.float32)
+
+    return mat, vec, norm
+
+
+def _add_tensors(w, rng, t: GGMLType, arch: str, s: dict, hd: int, rope: str) -> None:
+    """Random tensors of every layer and the global ones (drawn from ``rng`` in file order)."""
+    e, v = s["n_embd"], s["n_vocab"]
+    mat, vec, norm = _writers(w, rng, t, e)
     mat("token_embd.weight", v, e)
     for i in range(s["n_layer"]):
         _add_layer(f"blk.{i}.", arch, s, hd, mat, vec, norm, rng)
@@ -355,7 +363,10 @@ QWEN35_SHAPE = {
     "dt_rank": 4,  # value heads (tiled over the key heads as ggml broadcasts)
     "n_vocab": 259,
     "n_ctx": 256,
+    "n_expert": 0,  # qwen35moe: routed experts (0: a dense FFN)
 }
+QWEN35MOE_SHAPE = {**QWEN35_SHAPE, "n_expert": 4, "n_expert_used": 2, "n_ff_exp": 64,
+                   "n_ff_shexp": 96}  # fmt: skip
 
 
 def write_tiny_qwen35(
@@ -366,8 +377,21 @@ def write_tiny_qwen35(
     ``ssm_dt`` bias, ``ssm_alpha`` / ``ssm_beta``, the gated norm ``ssm_norm``, ``ssm_out``),
     layer 3 full attention with its output gate in ``attn_q`` (query | gate per head) and Q/K
     norms; every layer has a post-attention norm before its SwiGLU FFN."""
-    s = {**QWEN35_SHAPE, **shape}
-    a, t = "qwen35", GGMLType(weight_type)
+    _write_qwen35(path, "qwen35", weight_type, seed, {**QWEN35_SHAPE, **shape})
+
+
+def write_tiny_qwen35moe(
+    path: str | os.PathLike[str], weight_type: GGMLType | int, seed: int = 0, **shape: int
+) -> None:
+    """Write a tiny random ``qwen35moe`` GGUF: :func:`write_tiny_qwen35`'s layers with a
+    mixture of 4 experts of FFN size 64 (2 used per token; the router and the experts in
+    ``weight_type``) and a shared expert of FFN size 96 gated by an F32
+    ``ffn_gate_inp_shexp`` in place of each dense FFN."""
+    _write_qwen35(path, "qwen35moe", weight_type, seed, {**QWEN35MOE_SHAPE, **shape})
+
+
+def _write_qwen35(path, a: str, weight_type: GGMLType | int, seed: int, s: dict) -> None:
+    t = GGMLType(weight_type)
     w = GGUFWriter(path)
     w.add("general.architecture", a)
     w.add("general.name", f"tiny-random-{t.name.lower()}")
@@ -381,6 +405,11 @@ def write_tiny_qwen35(
         w.add(f"{a}.{key}", s[name], GGUFValueType.UINT32)
     w.add(f"{a}.ssm.inner_size", s["d_state"] * s["dt_rank"], GGUFValueType.UINT32)
     w.add(f"{a}.full_attention_interval", 4, GGUFValueType.UINT32)
+    if s["n_expert"]:
+        for key, name in (("expert_count", "n_expert"), ("expert_used_count", "n_expert_used"),
+                          ("expert_feed_forward_length", "n_ff_exp"),
+                          ("expert_shared_feed_forward_length", "n_ff_shexp")):  # fmt: skip
+            w.add(f"{a}.{key}", s[name], GGUFValueType.UINT32)
     w.add(f"{a}.rope.freq_base", 10000.0, GGUFValueType.FLOAT32)
     w.add(f"{a}.attention.layer_norm_rms_epsilon", 1e-6, GGUFValueType.FLOAT32)
     third = -(-s["n_rot"] // 6)  # rope pairs in thirds (Qwen3.5: 11, 11, 10 of 32)
@@ -396,17 +425,7 @@ def _add_qwen35_tensors(w, rng, t: GGMLType, s: dict) -> None:
     e, v, hd = s["n_embd"], s["n_vocab"], s["head_dim"]
     key_dim, value_dim = s["d_state"] * s["n_group"], s["d_state"] * s["dt_rank"]
     conv_dim = 2 * key_dim + value_dim
-
-    def mat(name: str, nrows: int, ncols: int) -> None:
-        w.add_tensor(name, t, (ncols, nrows), random_tensor(rng, t, nrows, ncols))
-
-    def vec(name: str, x: np.ndarray, shape: tuple[int, ...] | None = None) -> None:
-        x = np.asarray(x, np.float32)
-        w.add_tensor(name, GGMLType.F32, shape or (x.size,), x.reshape(-1))
-
-    def norm(n: int = e) -> np.ndarray:
-        return 1.0 + _normal(rng, n)
-
+    mat, vec, norm = _writers(w, rng, t, e)
     mat("token_embd.weight", v, e)
     for i in range(s["n_layer"]):
         p = f"blk.{i}."
@@ -431,8 +450,16 @@ def _add_qwen35_tensors(w, rng, t: GGMLType, s: dict) -> None:
             vec(p + "attn_k_norm.weight", norm(hd))
             mat(p + "attn_output.weight", e, hd * s["n_head"])
         vec(p + "post_attention_norm.weight", norm())
-        mat(p + "ffn_gate.weight", s["n_ff"], e)
-        mat(p + "ffn_up.weight", s["n_ff"], e)
-        mat(p + "ffn_down.weight", e, s["n_ff"])
+        if s["n_expert"]:  # qwen35moe: routed experts and a gated shared expert
+            _add_experts(p, {**s, "experts_type": -1, "router_f32": 0}, mat, None, rng)
+            f = s["n_ff_shexp"]
+            vec(p + "ffn_gate_inp_shexp.weight", _normal(rng, e))
+            mat(p + "ffn_gate_shexp.weight", f, e)
+            mat(p + "ffn_up_shexp.weight", f, e)
+            mat(p + "ffn_down_shexp.weight", e, f)
+        else:
+            mat(p + "ffn_gate.weight", s["n_ff"], e)
+            mat(p + "ffn_up.weight", s["n_ff"], e)
+            mat(p + "ffn_down.weight", e, s["n_ff"])
     vec("output_norm.weight", norm())
     mat("output.weight", v, e)

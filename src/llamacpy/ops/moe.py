@@ -11,6 +11,10 @@ their weights.
 * :func:`expert_weights`: llama.cpp's weight normalization: the sum of the selected
   probabilities in double rounded to float (``ggml_sum_rows``), clamped below at f16's
   smallest normal, each weight divided by it; then an optional scale.
+* :func:`shared_gate`: a shared expert's gate ``sigmoid(h . w)`` with ``w`` a float32
+  vector (qwen35moe's ``ffn_gate_inp_shexp``): the dot product as ggml's F32 matmul computes
+  it on AVX-512 (llamafile's ``tinyBLAS``: one 16-lane fused multiply-add accumulator over
+  the columns, reduced as ``_mm512_reduce_add_ps``), then ``1 / (1 + expf(-s))``.
 
 Each has a numpy twin (``*_numpy``) for :mod:`llamacpy.models.reference`.
 """
@@ -20,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..simd import vhsum, vload_f32, vsplat_f32, vstore_f32
+from ..simd import vfma, vhsum, vload_f32, vsplat_f32, vstore_f32, vzero_f32
 from .activations import exp_ggml_numpy, vexp_ggml
 
 _F32 = np.float32
@@ -81,6 +85,29 @@ def expert_weights(w, k, norm, scale):
     if scale != 0.0 and scale != 1.0:
         for j in range(k):
             w[j] = w[j] * scale
+
+
+@njit(cache=True)
+def shared_gate(h, w, n):
+    """``sigmoid(h[:n] . w[:n])`` (see the module docstring; ``n`` a multiple of 16)."""
+    acc = vzero_f32()
+    for i in range(0, n, 16):
+        acc = vfma(vload_f32(w, i), vload_f32(h, i), acc)
+    return _F32(1.0) / (_F32(1.0) + np.exp(-vhsum(acc)))
+
+
+def shared_gate_numpy(h: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """:func:`shared_gate` of each row of ``h``: 16 lanes of fused multiply-adds (each
+    product exact in float64, the sum rounded once to float32), then added in halves."""
+    h, w = np.asarray(h, np.float64), np.asarray(w, np.float64)
+    lanes = np.zeros((len(h), 16), _F32)
+    for i in range(0, h.shape[1], 16):
+        lanes = (lanes + h[:, i : i + 16] * w[i : i + 16]).astype(_F32)
+    while lanes.shape[-1] > 1:
+        half = lanes.shape[-1] // 2
+        lanes = (lanes[..., :half] + lanes[..., half:]).astype(_F32)
+    one = _F32(1.0)
+    return (one / (one + np.exp(-lanes[..., 0]))).astype(_F32)
 
 
 def softmax_ggml_numpy(x: np.ndarray) -> np.ndarray:
