@@ -14,7 +14,9 @@ their weights.
 * :func:`shared_gate`: a shared expert's gate ``sigmoid(h . w)`` with ``w`` a float32
   vector (qwen35moe's ``ffn_gate_inp_shexp``): the dot product as ggml's F32 matmul computes
   it on AVX-512 (llamafile's ``tinyBLAS``: one 16-lane fused multiply-add accumulator over
-  the columns, reduced as ``_mm512_reduce_add_ps``), then ``1 / (1 + expf(-s))``.
+  the columns, reduced as ``_mm512_reduce_add_ps``), then ``1 / (1 + expf(-s))``. (Read
+  from ``sgemm.cpp``; the tiny qwen35moe's logits do not tell it from ``ggml_vec_dot_f32``'s
+  four accumulators.)
 
 Each has a numpy twin (``*_numpy``) for :mod:`llamacpy.models.reference`.
 """
