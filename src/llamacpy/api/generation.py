@@ -293,7 +293,6 @@ class Session:
                 # an interrupted or failed decode may leave some of the batch in the cache;
                 # a recurrent state cannot give it back and is forgotten whole
                 if not self.ctx.seq_rm(0, pos0, -1) or self.ctx.n_keep(0, pos0) < pos0:
-                    self.ctx.seq_rm(0, -1, -1)
                     self.reset()
                 raise
             dt = time.perf_counter() - t0

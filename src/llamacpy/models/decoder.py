@@ -162,14 +162,14 @@ class Decoder:
         hp = cls.derived(read_hparams(cls.arch, md, shapes, cls.params))
         check_tensors(cls.arch, hp, cls.tensors, shapes, cls.unsupported)
         d = hp.n_embd_head_k
-        rot_ok = 0 < hp.n_rot <= d and hp.n_rot % 2 == 0 if cls.partial_rope else hp.n_rot == d
+        if cls.partial_rope:
+            rot_ok, rule = 0 < hp.n_rot <= d and hp.n_rot % 2 == 0, ">= rope dims (even)"
+        else:
+            rot_ok, rule = hp.n_rot == d, "== rope dims"
         if d != hp.n_embd_head_v or not rot_ok:
             raise ModelError(
-                f"{cls.arch} needs head size == value size == rope dims, got {d}, "
+                f"{cls.arch} needs head size == value size {rule}, got {d}, "
                 f"{hp.n_embd_head_v}, {hp.n_rot}"
-                if not cls.partial_rope
-                else f"{cls.arch} needs head size == value size >= rope dims (even), got "
-                f"{d}, {hp.n_embd_head_v}, {hp.n_rot}"
             )
         if d % 16 or hp.n_embd % 16 or hp.n_ff % 16:
             raise ModelError(

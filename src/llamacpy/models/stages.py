@@ -32,7 +32,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ..ops.activations import geglu, mul_silu, silu, swiglu, swiglu_oai
+from ..ops.activations import geglu, mul_silu, sigmoid, silu, swiglu, swiglu_oai
 from ..ops.attention import (
     attention_rows,
     attention_split_merge,
@@ -347,8 +347,8 @@ def qk_norm(c, L, clk):
     hd, qn, kn = M.head_dim, L.attn_q_norm, L.attn_k_norm
     t0, t1 = _token_rows(c)
     for t in range(t0, t1):
-        head_rms_norm(c.Q, t, M.n_head, hd, c.NF[qn : qn + hd], M.eps)
-        head_rms_norm(c.KN, t, M.n_head_kv, hd, c.NF[kn : kn + hd], M.eps)
+        head_rms_norm(c.Q, t, 0, M.n_head, hd, c.NF[qn : qn + hd], M.eps)
+        head_rms_norm(c.KN, t, 0, M.n_head_kv, hd, c.NF[kn : kn + hd], M.eps)
     return clk
 
 
@@ -688,11 +688,10 @@ def q_gate(c, L, clk):
 def attn_gate(c, L, clk):
     """``att *= sigmoid(gate)`` (the gates :func:`q_gate` kept in ``G``)."""
     qd = c.M.n_head * c.M.head_dim
-    one = np.float32(1.0)
     t0, t1 = _token_rows(c)
     for t in range(t0, t1):
         for i in range(qd):
-            c.ATT[t, i] = c.ATT[t, i] * (one / (one + np.exp(-c.G[t, i])))
+            c.ATT[t, i] = c.ATT[t, i] * sigmoid(c.G[t, i])
     return _sync(c, clk)
 
 
@@ -741,7 +740,7 @@ def delta_net_conv(c, L, clk):
     t0, t1 = _token_rows(c)
     for t in range(t0, t1):
         for h in range(M.ssm_dt_rank):
-            c.RL[t, h] = one / (one + np.exp(-c.RL[t, h]))
+            c.RL[t, h] = sigmoid(c.RL[t, h])
             a = c.XN[t, h] + c.NF[L.ssm_dt_bias + h]
             sp = a if a > np.float32(20.0) else np.log(one + np.exp(a))
             c.XN[t, h] = sp * c.NF[L.ssm_a + h]
@@ -770,13 +769,7 @@ def delta_net_rule(c, L, clk):
             delta_rule_head(
                 S[r, h], qn, kn, c.Q[t], 2 * kd + o, c.XN[t, h], c.RL[t, h], c.ATT[t], o
             )
-            s = 0.0
-            for i in range(sv):
-                v = c.ATT[t, o + i]
-                s += np.float64(v * v)
-            scale = np.float32(1.0) / np.sqrt(np.float32(s / sv) + M.eps)
-            for i in range(sv):
-                c.ATT[t, o + i] = c.ATT[t, o + i] * scale * w[i]
+            head_rms_norm(c.ATT, t, h, h + 1, sv, w, M.eps)
             mul_silu(c.U, t, t + 1, o, o + sv, c.ATT)
     return _sync(c, tick(c.prof, c.tid, P_ATTN, clk))
 

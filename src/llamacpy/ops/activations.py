@@ -113,6 +113,13 @@ def swiglu(g, u, t0, t1, c0, c1, out):
             vstore_f32(out[t], c, s * vload_f32(u[t], c))
 
 
+@njit(cache=True, inline="always")
+def sigmoid(x):
+    """ggml's scalar ``1 / (1 + expf(-x))`` (float32)."""
+    one = _F32(1.0)
+    return one / (one + np.exp(-x))
+
+
 @njit(cache=True)
 def silu(x, t0, t1, c0, c1, out):
     """``out[t, c] = silu(x[t, c])`` for rows ``t0..t1``, columns ``c0..c1`` (``c1 - c0`` a

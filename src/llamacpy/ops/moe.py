@@ -27,7 +27,7 @@ import numpy as np
 from numba import njit
 
 from ..simd import vfma, vhsum, vload_f32, vsplat_f32, vstore_f32, vzero_f32
-from .activations import exp_ggml_numpy, vexp_ggml
+from .activations import exp_ggml_numpy, sigmoid, vexp_ggml
 
 _F32 = np.float32
 SUM_MIN = _F32(6.103515625e-5)  # the clamp of the weights' sum (smallest normal f16)
@@ -95,7 +95,7 @@ def shared_gate(h, w, n):
     acc = vzero_f32()
     for i in range(0, n, 16):
         acc = vfma(vload_f32(w, i), vload_f32(h, i), acc)
-    return _F32(1.0) / (_F32(1.0) + np.exp(-vhsum(acc)))
+    return sigmoid(vhsum(acc))
 
 
 def shared_gate_numpy(h: np.ndarray, w: np.ndarray) -> np.ndarray:

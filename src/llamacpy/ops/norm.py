@@ -68,10 +68,11 @@ def layer_norm_numpy(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) ->
 
 
 @njit(cache=True, inline="always")
-def head_rms_norm(x, t, n_heads, hd, w, eps):
-    """RMSNorm of each head ``x[t, h*hd : (h+1)*hd]`` in place, times ``w`` (``hd`` values):
-    the per-head Q/K norm of gemma3 / qwen3 (ggml ``rms_norm`` over the head dimension)."""
-    for h in range(n_heads):
+def head_rms_norm(x, t, h0, h1, hd, w, eps):
+    """RMSNorm of each head ``x[t, h*hd : (h+1)*hd]`` (``h0 <= h < h1``) in place, times ``w``
+    (``hd`` values): the per-head Q/K norm of gemma3 / qwen3, qwen35's gated output norm
+    (ggml ``rms_norm`` over the head dimension)."""
+    for h in range(h0, h1):
         b = h * hd
         s = 0.0
         for i in range(hd):
