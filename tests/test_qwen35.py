@@ -1,5 +1,5 @@
 """qwen35 (Qwen3.5 dense: Gated DeltaNet + gated full attention) through the numpy
-specification (``models/delta_net_ref.py``) and the engine's hybrid memory, and qwen35moe
+specification (``models/reference.py``) and the engine's hybrid memory, and qwen35moe
 (the same layers with routed experts and a gated shared expert for the FFN) through the
 engine, against llama.cpp's logits (``tests/fixtures/engine/{arch}_logits.npz``,
 ``scripts/make_qwen35_fixtures.py``)."""
@@ -14,11 +14,9 @@ import numpy as np
 import pytest
 
 from llamacpy.engine import Context, ContextParams
-from llamacpy.engine.batch import Batch, split_batch
-from llamacpy.engine.recurrent import HybridMemory
+from llamacpy.engine.batch import Batch
 from llamacpy.errors import ModelError
 from llamacpy.gguf import GGMLType, GGUFReader, GGUFValueType, GGUFWriter
-from llamacpy.models.delta_net_ref import Qwen35Reference
 from llamacpy.models.reference import Reference
 from llamacpy.models.tiny import write_tiny_qwen35, write_tiny_qwen35moe
 
@@ -39,23 +37,16 @@ def model(request, tmp_path_factory):
     path = tmp_path_factory.mktemp("qwen35") / f"qwen35_{t.name}.gguf"
     write_tiny_qwen35(path, t, seed=SEED)
     assert hashlib.sha256(path.read_bytes()).hexdigest() == str(FIX[f"{t.name}.sha256"])
-    return t.name, Qwen35Reference(path)
+    return t.name, path
 
 
-def _memory(ref: Qwen35Reference, n_ctx: int = 64) -> HybridMemory:
-    s = ref.s
-    layers = [s.recurrent(il) for il in range(s.n_layer)]
-    return HybridMemory(layers, s.n_head_kv, s.head_dim, n_ctx, s.conv_size, s.ssm_size)
-
-
-def _decode(ref, mem, tokens, p0, all_logits=False):
-    b = Batch()
-    for i, t in enumerate(tokens):
-        b.add(t, p0 + i, 0, logits=all_logits or i == len(tokens) - 1)
-    ub = split_batch(b, len(tokens))[0]
-    sl = mem.prepare(ub)
-    return ref.forward(ub.token, ub.pos, sl.rows, sl.cells, sl.mask, ub.out_idx,
-                       mem.forward_arrays())  # fmt: skip
+def _reference(path, **kw) -> Context:
+    """A context whose forward is the numpy specification (``models/reference.py``'s stage
+    functions over the hybrid memory), not the compiled one."""
+    ctx = Context(path, ContextParams(**{"n_ctx": 64, "n_threads": 2, **kw}))
+    ref = Reference(ctx.model)
+    ctx.model.forward = lambda ws, ub, kv, n_threads, det=False: ref.forward(ub, kv, n_threads)
+    return ctx
 
 
 def _close(name, got, want):
@@ -65,33 +56,34 @@ def _close(name, got, want):
 
 
 def test_prompt_logits_match_llama_cpp(model) -> None:
-    name, ref = model
-    _close(name, _decode(ref, _memory(ref), TOKENS, 0, all_logits=True), FIX[f"{name}.logits"])
+    name, path = model
+    got = _reference(path).decode(Batch.from_tokens(TOKENS, logits="all"))
+    _close(name, got, FIX[f"{name}.logits"])
 
 
 def test_greedy_decode_matches_llama_cpp_step_by_step(model) -> None:
-    name, ref = model
-    mem = _memory(ref)
+    name, path = model
+    ctx = _reference(path)
     steps, greedy = FIX[f"{name}.steps"], FIX[f"{name}.greedy"].tolist()
-    logits = _decode(ref, mem, PROMPT, 0)[0]
+    logits = ctx.decode(Batch.from_tokens(PROMPT))[0]
     out = []
     for k in range(len(greedy)):
         _close(name, logits[None], steps[k][None])
         out.append(int(logits.argmax()))
-        logits = _decode(ref, mem, [out[-1]], len(PROMPT) + k)[0]
+        logits = ctx.decode(Batch.from_tokens([out[-1]], pos0=len(PROMPT) + k))[0]
     _close(name, logits[None], steps[-1][None])
     assert out == greedy
     # prefix reuse as llama.cpp: a tail cannot be removed from a recurrent state
     for (seq, p0, p1), want in zip(FIX["seq_rm_args"].tolist(), FIX[f"{name}.seq_rm"].tolist()):
-        assert mem.seq_rm(seq, p0, p1) is bool(want)
+        assert ctx.seq_rm(seq, p0, p1) is bool(want)
 
 
 def test_a_prompt_in_several_ubatches_continues_the_state(model) -> None:
-    name, ref = model
-    mem = _memory(ref)
-    _decode(ref, mem, TOKENS[:7], 0)
-    _decode(ref, mem, TOKENS[7:12], 7)
-    last = _decode(ref, mem, TOKENS[12:], 12)
+    name, path = model
+    ctx = _reference(path)
+    ctx.decode(Batch.from_tokens(TOKENS[:7]))
+    ctx.decode(Batch.from_tokens(TOKENS[7:12], pos0=7))
+    last = ctx.decode(Batch.from_tokens(TOKENS[12:], pos0=12))
     _close(name, last, FIX[f"{name}.logits"][-1:])
 
 

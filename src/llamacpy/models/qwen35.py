@@ -20,7 +20,8 @@ delta-rule row per sequence for the others). Each block is
 * ``x += ffn_down(silu(ffn_gate(h)) * ffn_up(h))`` with ``h = rms_norm(x) *
   post_attention_norm``.
 
-The numpy specification of the layer and of the forward is :mod:`.delta_net_ref`.
+The numpy specification is :mod:`.reference`'s stages (the layer's steps in
+:mod:`.delta_net_ref`).
 """
 
 from __future__ import annotations
