@@ -72,6 +72,7 @@ class CompletionOptions:
     id_slot: int = -1
     timeout: float | None = None
     grammar: Any = None  # a fresh GrammarMatcher (see ServingModel.grammar_matcher)
+    preserved: frozenset[int] = frozenset()  # special tokens whose text the reply keeps
 
 
 @dataclass
@@ -159,7 +160,7 @@ class CompletionHandler:
         if not self.ignore_eos and self.tok.is_eog(token):
             return self._final("stop", "eos")
         self.tokens.append(token)
-        piece = self.tok.token_to_piece(token, False)
+        piece = self.tok.token_to_piece(token, token in opts.preserved)
         record = self._logprobs(token, piece, row) if opts.logprobs else None
         if record is not None:
             self.probs.append(record)
@@ -389,6 +390,24 @@ class ServingModel:
             breakers = self._breakers[key]
         return build_sampler_chain(params, tok.n_vocab, n_ctx=self.n_ctx_slot,
                                    dry_seq_breakers=breakers, eog_tokens=tok.eog)  # fmt: skip
+
+    def tool_grammar(self, plan: Any) -> Any:
+        """The matcher of a chat plan's tool-call grammar, behind its triggers when lazy."""
+        matcher = self.grammar_matcher(plan.grammar)
+        if not plan.lazy:
+            return matcher
+        from ..grammar.lazy import LazyGrammar
+
+        return LazyGrammar(matcher, words=plan.trigger_words, patterns=plan.trigger_patterns)
+
+    def preserved_tokens(self, texts: Sequence[str]) -> frozenset[int]:
+        """Ids of the texts that are one special token each (their text stays in replies)."""
+        out = set()
+        for t in texts:
+            ids = self.tokenizer.encode(t, add_special=False, parse_special=True)
+            if len(ids) == 1:
+                out.add(ids[0])
+        return frozenset(out)
 
     def grammar_matcher(self, text: str) -> Any:
         """A matcher for a request's GBNF (:class:`~llamacpy.grammar.GrammarError` if it

@@ -57,6 +57,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_connections=args.max_connections,
         metrics=args.metrics,
         allowed_hosts=tuple(h.strip() for h in (args.allowed_hosts or "").split(",") if h.strip()),
+        reasoning_format=args.reasoning_format,
     )
     defaults = sampling_params(args, {})  # the model's defaults fill the rest later
     n_ctx = args.ctx_size or 4096 * args.parallel
@@ -143,6 +144,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="embedding pooling (default: the model's)")  # fmt: skip
     p.add_argument("--chat-template", default=None,
                    help="'chatml', a template name stored in the model, or a Jinja template")  # fmt: skip
+    p.add_argument("--reasoning-format", default="deepseek",
+                   choices=["none", "auto", "deepseek", "deepseek-legacy"],
+                   help="chat replies' <think> blocks: 'none' leaves them in the content, the "
+                   "others put them in reasoning_content (default: deepseek)")  # fmt: skip
     p.add_argument("--metrics", action="store_true",
                    help="serve Prometheus metrics on /metrics (default: off, 501)")  # fmt: skip
     p.add_argument("-v", "--verbose", action="store_true", help="log uvicorn's events too")

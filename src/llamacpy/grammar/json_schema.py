@@ -53,7 +53,7 @@ from .schema_rules import (
     not_strings,
 )
 
-__all__ = ["JsonSchemaError", "JsonSchemaWarning", "json_schema_to_grammar"]
+__all__ = ["GrammarBuilder", "JsonSchemaError", "JsonSchemaWarning", "json_schema_to_grammar"]
 
 _INVALID_RULE_CHARS = re.compile(r"[^a-zA-Z0-9-]+")
 
@@ -295,3 +295,31 @@ def json_schema_to_grammar(schema: str | bytes | dict | Any) -> str:
         raise JsonSchemaError("#", f"the schema's grammar is too large ({len(text)} characters, "
                               f"at most {MAX_GRAMMAR_CHARS})")  # fmt: skip
     return text
+
+
+class GrammarBuilder:
+    """One GBNF from several schemas and hand-written rules (the tool-call grammars):
+    ``schema(s, name)`` adds the rules of a JSON schema under ``name`` and returns the rule
+    to reference, ``rule(name, body)`` adds a rule, ``grammar()`` is the text."""
+
+    def __init__(self) -> None:
+        if sys.getrecursionlimit() < 4000:
+            sys.setrecursionlimit(4000)
+        self._conv = _Converter()
+
+    def schema(self, schema: Any, name: str) -> str:
+        conv = self._conv
+        ref = conv.visit(build_schema(load_schema(schema)), name)
+        if conv.errors:
+            raise JsonSchemaError(conv.errors[0][0], "; ".join(m for _, m in conv.errors))
+        return ref
+
+    def rule(self, name: str, body: str) -> str:
+        return self._conv.add_rule(name, body)
+
+    def grammar(self) -> str:
+        text = self._conv.grammar()
+        if len(text) > MAX_GRAMMAR_CHARS:
+            raise JsonSchemaError("#", f"the grammar is too large ({len(text)} characters, "
+                                  f"at most {MAX_GRAMMAR_CHARS})")  # fmt: skip
+        return text

@@ -54,6 +54,7 @@ class ServerConfig:
     max_connections: int = 100
     metrics: bool = False
     allowed_hosts: tuple[str, ...] = ()  # () = the loopback names when bound to loopback
+    reasoning_format: str = "deepseek"  # default of chat requests' reasoning_format
 
     def __repr__(self) -> str:  # never show the keys (logs, tracebacks)
         keys = f"<{len(self.api_keys)} key(s)>"

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..api import openai
 from ..api.serving import Chunk, Final
+from ..api.tool_calls import ReplyStream, parse_reply
 
 FINGERPRINT = "llamacpy"
 
@@ -37,7 +38,7 @@ class Shaper:
 
     def __init__(self, kind: str, model: str, *, prompt_text: str = "", echo: bool = False,
                  return_tokens: bool = False, include_usage: bool = False,
-                 settings: dict[str, Any] | None = None) -> None:  # fmt: skip
+                 settings: dict[str, Any] | None = None, plan: Any = None) -> None:  # fmt: skip
         self.kind = kind
         self.model = model
         self.prompt_text = prompt_text
@@ -49,6 +50,8 @@ class Shaper:
         self.id = prefix + uuid.uuid4().hex
         self.created = int(time.time())
         self.n_tokens = 0
+        self.plan = plan  # chat: a tool_calls.ChatPlan (reasoning and tool calls split off)
+        self.stream = ReplyStream(plan) if plan is not None else None
 
     # ------------------------------------------------------------------ whole results
     def result(self, final: Final) -> dict[str, Any]:
@@ -63,11 +66,12 @@ class Shaper:
                 "system_fingerprint": FINGERPRINT, "object": "text_completion",
                 "usage": usage(final), "id": self.id, "timings": final.timings,
             }  # fmt: skip
-        choice: dict[str, Any] = {
-            "finish_reason": final.finish_reason,
-            "index": 0,
-            "message": {"role": "assistant", "content": final.text},
-        }
+        finish, message = final.finish_reason, {"role": "assistant", "content": final.text}
+        if self.plan is not None:
+            reply = parse_reply(final.text, self.plan)
+            message = reply.message()
+            finish = "tool_calls" if reply.tool_calls else finish
+        choice: dict[str, Any] = {"finish_reason": finish, "index": 0, "message": message}
         if final.probs:
             choice["logprobs"] = openai.chat_logprobs(_merge(final.probs))
         return {
@@ -128,17 +132,29 @@ class Shaper:
             lp = _merge(ev.probs) if ev.probs else None
             return [sse(self._cmpl_chunk(ev.text, None, lp))]
         lp = openai.chat_logprobs(_merge(ev.probs)) if ev.probs else None
-        return [sse(self._chat_chunk({"content": ev.text}, None, lp))]
+        if self.stream is None:
+            return [sse(self._chat_chunk({"content": ev.text}, None, lp))]
+        deltas = self.stream.feed(ev.text)
+        if not deltas and lp is not None:
+            deltas = [{"content": ""}]
+        return [sse(self._chat_chunk(d, None, lp if i == 0 else None))
+                for i, d in enumerate(deltas)]  # fmt: skip
 
     def last(self, final: Final) -> list[bytes]:
         if self.kind == "native":
             return [sse(self._native_final(final, stream=True))]
+        head: list[bytes] = []
         if self.kind == "completion":
             last = self._cmpl_chunk("", final.finish_reason, None)
         else:
-            last = self._chat_chunk({}, final.finish_reason)
+            finish = final.finish_reason
+            if self.stream is not None:
+                deltas, reply = self.stream.finish()
+                head = [sse(self._chat_chunk(d, None)) for d in deltas]
+                finish = "tool_calls" if reply.tool_calls else finish
+            last = self._chat_chunk({}, finish)
         last["timings"] = final.timings
-        out = [sse(last)]
+        out = [*head, sse(last)]
         if self.include_usage:
             tail = {k: v for k, v in last.items() if k not in ("choices", "timings")}
             out.append(sse({**tail, "choices": [], "usage": usage(final)}))

@@ -24,6 +24,15 @@ from ..api.serving import (
     SchedulerClosedError,
     ServingModel,
 )
+from ..api.tool_calls import (
+    THINK_START,
+    ChatPlan,
+    Generic,
+    generic_messages,
+    parse_tool_choice,
+    parse_tools,
+    plan_chat,
+)
 from ..errors import LlamacpyError
 from . import accesslog, metrics, webui
 from .app import ServerState
@@ -206,11 +215,32 @@ async def apply_template(request: Request) -> Response:
 
 
 # ---------------------------------------------------------------------- completions
-def _render(m: ServingModel, creq: CompletionRequest) -> str:
+def _render(m: ServingModel, creq: CompletionRequest, plan: ChatPlan | None = None) -> str:
+    messages, tools = creq.messages or [], creq.tools
+    if plan is not None and isinstance(plan.fmt, Generic):
+        messages, tools = generic_messages(messages, plan.tools), None
     try:
-        return m.apply_template(creq.messages or [], creq.tools, **creq.template_kwargs)
+        return m.apply_template(messages, tools, **creq.template_kwargs)
     except (LlamacpyError, ValueError, TypeError, KeyError) as e:
         raise bad_request(f"cannot apply the chat template: {e}") from None
+
+
+def _chat_plan(m: ServingModel, creq: CompletionRequest, reasoning_format: str) -> ChatPlan:
+    """What the request's tools, tool_choice and reasoning_format ask for (400 if wrong)."""
+    try:
+        tools = parse_tools(creq.tools)
+        mode, tools = parse_tool_choice(creq.tool_choice, tools)
+    except LlamacpyError as e:
+        raise bad_request(str(e)) from None
+    tpl = m.template
+    parallel = creq.parallel_tool_calls
+    if parallel is None:
+        parallel = tpl.caps.supports_parallel_tool_calls
+    plan = plan_chat(tpl.source, tools, mode, parallel=parallel,
+                     reasoning_format=creq.reasoning_format or reasoning_format)  # fmt: skip
+    if plan.active and creq.grammar:
+        raise bad_request("Cannot use custom grammar constraints with tools.")
+    return plan
 
 
 def _text_bias(m: ServingModel, creq: CompletionRequest) -> None:
@@ -224,12 +254,22 @@ def _text_bias(m: ServingModel, creq: CompletionRequest) -> None:
         )  # fmt: skip
 
 
-def _prepare(m: ServingModel, creq: CompletionRequest) -> tuple[list[int], str]:
-    """Prompt tokens (checked) and the prompt text (echo and the native ``prompt`` field)."""
+def _prepare(
+    m: ServingModel, creq: CompletionRequest, plan: ChatPlan | None
+) -> tuple[list[int], str]:
+    """Prompt tokens (checked) and the prompt text (echo and the native ``prompt`` field);
+    for a chat request the plan learns whether the prompt opened a reasoning block, and
+    gets its grammar."""
     _text_bias(m, creq)
     if creq.kind == "chat":
-        text = _render(m, creq)
+        text = _render(m, creq, plan)
         tokens = m.tokenize(text)
+        if plan is not None:
+            plan.think_open = text.rstrip().endswith(THINK_START)
+            try:
+                plan.build_grammar()
+            except LlamacpyError as e:
+                raise bad_request(f"cannot build the tools' grammar: {e}") from None
     elif isinstance(creq.prompt, str):
         text = creq.prompt
         tokens = m.tokenize(text)
@@ -260,10 +300,16 @@ async def _completion(request: Request, kind: str) -> Response:
     creq = parse_completion(data, kind, m.n_vocab)
     if creq.id_slot >= m.n_parallel:
         raise bad_request(f"'id_slot' must be below the number of slots ({m.n_parallel})")
-    tokens, text = await run_in_threadpool(_prepare, m, creq)
+    plan = _chat_plan(m, creq, st.config.reasoning_format) if kind == "chat" else None
+    tokens, text = await run_in_threadpool(_prepare, m, creq, plan)
     try:
         sampling = m.sampling_params({**creq.sampling, "n_probs": creq.n_probs})
-        grammar = await run_in_threadpool(m.grammar_matcher, creq.grammar) if creq.grammar else None
+        if plan is not None and plan.grammar:
+            grammar = await run_in_threadpool(m.tool_grammar, plan)
+        else:
+            grammar = (
+                await run_in_threadpool(m.grammar_matcher, creq.grammar) if creq.grammar else None
+            )
     except LlamacpyError as e:
         raise bad_request(str(e)) from None
     n_predict = creq.n_predict if creq.n_predict >= 0 else st.config.n_predict
@@ -276,11 +322,12 @@ async def _completion(request: Request, kind: str) -> Response:
         echo_logprobs=creq.echo and creq.logprobs is not None,
         text_offset=len(text) if kind == "completion" else 0, cache_prompt=creq.cache_prompt,
         id_slot=creq.id_slot, timeout=timeout, grammar=grammar,
+        preserved=m.preserved_tokens(plan.preserved) if plan is not None else frozenset(),
     )  # fmt: skip
     shaper = Shaper(
         kind, creq.model or st.model_name, prompt_text=text, echo=creq.echo,
         return_tokens=creq.return_tokens, include_usage=creq.include_usage,
-        settings=_settings(m, sampling, n_predict, creq.stop, creq.stream),
+        settings=_settings(m, sampling, n_predict, creq.stop, creq.stream), plan=plan,
     )  # fmt: skip
     channel = Channel(chunks=creq.stream)
     try:

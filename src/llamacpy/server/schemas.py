@@ -199,6 +199,9 @@ class CompletionRequest:
     model: str | None = None
     timeout: float | None = None
     grammar: str | None = None  # GBNF (from grammar, json_schema or response_format)
+    tool_choice: Any = None  # chat: as given (checked against the tools when planned)
+    parallel_tool_calls: bool | None = None
+    reasoning_format: str | None = None
 
 
 def _stop(f: Fields) -> list[str]:
@@ -284,9 +287,6 @@ def _unsupported(f: Fields, kind: str) -> None:
         raise APIError(400, "best_of > 1 is not supported")
     if f.raw("suffix"):
         raise APIError(400, "'suffix' (fill-in-the-middle) is not supported")
-    tc = f.raw("tool_choice")
-    if tc is not None and tc not in ("auto", "none"):
-        raise APIError(400, "only tool_choice 'auto' and 'none' are supported")
     if kind != "chat" and f.has("messages"):
         raise bad_request("'messages' belongs to /v1/chat/completions; use 'prompt' here")
 
@@ -373,6 +373,16 @@ def parse_completion(data: dict[str, Any], kind: str, n_vocab: int) -> Completio
                 raise bad_request("each message must be an object with a string 'role'")
         r.messages = msgs
         r.tools = f.list("tools")
+        r.tool_choice = f.raw("tool_choice")
+        if f.has("parallel_tool_calls"):
+            r.parallel_tool_calls = f.bool("parallel_tool_calls", False)
+        if f.has("reasoning_format"):
+            from ..api.tool_calls import REASONING_FORMATS
+
+            r.reasoning_format = f.str("reasoning_format", "deepseek", 100)
+            if r.reasoning_format not in REASONING_FORMATS:
+                raise bad_request("'reasoning_format' must be one of "
+                                  + ", ".join(REASONING_FORMATS))  # fmt: skip
         kw = f.obj("chat_template_kwargs")
         r.template_kwargs = dict(kw or {})
     else:

@@ -1,0 +1,756 @@
+"""Tool calls and reasoning in chat replies: what a request's ``tools`` mean for the prompt
+and the grammar, and how a reply's text splits into ``reasoning_content``, ``content`` and
+``tool_calls``.
+
+A *tool format* is the way a model family writes a call; it is chosen from the chat
+template's text, as llama.cpp chooses its handler:
+
+* ``qwen3-coder``: ``<tool_call>\\n<function=NAME>\\n<parameter=P>\\nVALUE\\n</parameter>\\n
+  </function>\\n</tool_call>`` (Qwen3-Coder, Qwen3.5/3.6, Nemotron Nano 3);
+* ``hermes``: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (Hermes 2 Pro,
+  Qwen 2.5/3 and every template that writes ``<tool_call>``);
+* ``mistral``: ``[TOOL_CALLS][{"name": ..., "arguments": {...}, "id": "9 chars"}]``
+  (Mistral Nemo and the templates of that shape);
+* ``llama3``: ``{"name": ..., "parameters": {...}}`` as the whole reply, optionally after
+  ``<|python_tag|>`` (Llama 3.1-3.3);
+* ``generic``: every other template, tool-aware or not. The tools are described in the
+  system message and the reply is one JSON object, ``{"tool_call": {"name": ...,
+  "arguments": {...}}}`` (``{"tool_calls": [...]}`` with parallel calls) or
+  ``{"response": "..."}``, kept in that shape by a grammar from the first token on. This
+  is how models whose templates know nothing of tools (SmolLM2, Gemma 3) call them.
+
+With ``tool_choice`` ``auto`` the native formats' grammar is *lazy*: the reply is free
+text until the format's opening text (its trigger) appears, then the grammar holds the
+call to the tools' schemas. ``required`` (or one named function) applies it from the
+start (after the reasoning block of a thinking model). ``none`` leaves tools out.
+
+Reasoning: a ``<think>...</think>`` block at the start of the reply (or a reply that
+starts inside one, when the prompt opened it) becomes ``reasoning_content`` unless the
+request's ``reasoning_format`` is ``none``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import string
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import UsageError
+from ..grammar.json_schema import GrammarBuilder
+
+MAX_TOOLS = 512
+_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+_ID_CHARS = string.ascii_letters + string.digits
+THINK_START, THINK_END = "<think>", "</think>"
+REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")
+
+
+# ---------------------------------------------------------------------------- requests
+@dataclass(frozen=True)
+class Tool:
+    """One function of a request's ``tools``."""
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any]
+
+    def schema(self) -> dict[str, Any]:
+        """The JSON object the arguments must be."""
+        p = dict(self.parameters)
+        return p if p else {"type": "object"}
+
+    def as_json(self) -> dict[str, Any]:
+        return {"type": "function", "function": {"name": self.name,
+                "description": self.description, "parameters": self.schema()}}  # fmt: skip
+
+
+def parse_tools(tools: Any) -> list[Tool]:
+    """OpenAI ``tools`` (``[{"type": "function", "function": {...}}]``), checked; a
+    :class:`UsageError` names the entry and the field."""
+    if tools is None:
+        return []
+    if not isinstance(tools, list):
+        raise UsageError("'tools' must be an array of {'type': 'function', 'function': ...}")
+    if len(tools) > MAX_TOOLS:
+        raise UsageError(f"too many tools: {len(tools)} (at most {MAX_TOOLS})")
+    out: list[Tool] = []
+    seen: set[str] = set()
+    for i, t in enumerate(tools):
+        where = f"tools[{i}]"
+        if not isinstance(t, dict) or t.get("type", "function") != "function":
+            raise UsageError(f"{where}: must be an object with 'type': 'function'")
+        fn = t.get("function")
+        if not isinstance(fn, dict):
+            raise UsageError(f"{where}.function: must be an object")
+        name = fn.get("name")
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise UsageError(f"{where}.function.name: must be 1 to 128 letters, digits, "
+                             "'_', '.', ':' or '-'")  # fmt: skip
+        if name in seen:
+            raise UsageError(f"{where}.function.name: {name!r} is defined twice")
+        seen.add(name)
+        desc = fn.get("description", "")
+        if desc is None:
+            desc = ""
+        if not isinstance(desc, str):
+            raise UsageError(f"{where}.function.description: must be a string")
+        params = fn.get("parameters") or {}
+        if not isinstance(params, dict):
+            raise UsageError(f"{where}.function.parameters: must be a JSON schema object")
+        out.append(Tool(name, desc, params))
+    return out
+
+
+def parse_tool_choice(choice: Any, tools: list[Tool]) -> tuple[str, list[Tool]]:
+    """``(mode, tools)``: mode ``auto``, ``required`` or ``none``; a named function is
+    ``required`` with that one tool."""
+    if choice is None:
+        return ("auto" if tools else "none"), tools
+    if isinstance(choice, str):
+        if choice not in ("auto", "none", "required"):
+            raise UsageError("'tool_choice' must be 'auto', 'none', 'required' or "
+                             "{'type': 'function', 'function': {'name': ...}}")  # fmt: skip
+        if choice == "required" and not tools:
+            raise UsageError("'tool_choice' is 'required' but no 'tools' are given")
+        return choice, tools
+    fn = choice.get("function") if isinstance(choice, dict) else None
+    name = fn.get("name") if isinstance(fn, dict) else None
+    if not isinstance(name, str):
+        raise UsageError("'tool_choice' must be 'auto', 'none', 'required' or "
+                         "{'type': 'function', 'function': {'name': ...}}")  # fmt: skip
+    named = [t for t in tools if t.name == name]
+    if not named:
+        raise UsageError(f"'tool_choice' names {name!r}, which is not one of the 'tools'")
+    return "required", named
+
+
+def new_call_id() -> str:
+    """llama-server's tool call id: 32 random letters and digits."""
+    return "".join(secrets.choice(_ID_CHARS) for _ in range(32))
+
+
+# ---------------------------------------------------------------------------- replies
+@dataclass
+class ToolCall:
+    name: str
+    arguments: str  # JSON text of the arguments object
+    id: str = ""
+
+    def as_json(self, index: int | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = {} if index is None else {"index": index}
+        out.update(type="function", id=self.id,
+                   function={"name": self.name, "arguments": self.arguments})  # fmt: skip
+        return out
+
+
+@dataclass
+class Reply:
+    """A parsed chat reply."""
+
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+
+    def message(self) -> dict[str, Any]:
+        """The OpenAI ``message`` (llama-server's field order)."""
+        msg: dict[str, Any] = {"role": "assistant", "content": self.content or None}
+        if not self.tool_calls and msg["content"] is None:
+            msg["content"] = ""
+        if self.reasoning:
+            msg["reasoning_content"] = self.reasoning
+        if self.tool_calls:
+            msg["tool_calls"] = [c.as_json() for c in self.tool_calls]
+        return msg
+
+
+class ToolSyntaxError(ValueError):
+    """The text after a format's trigger is not a well-formed call."""
+
+
+def _args_text(args: Any) -> str:
+    if isinstance(args, str):
+        json.loads(args)  # must be JSON text itself
+        return args
+    if not isinstance(args, dict):
+        raise ToolSyntaxError("the arguments are not a JSON object")
+    return json.dumps(args, ensure_ascii=False)
+
+
+def _json_at(text: str, i: int) -> tuple[Any, int]:
+    """The JSON value starting at ``text[i:]`` (after blanks) and the index past it."""
+    i = _skip_ws(text, i)
+    try:
+        return json.JSONDecoder().raw_decode(text, i)
+    except json.JSONDecodeError as e:
+        raise ToolSyntaxError(f"malformed JSON in a tool call: {e.msg}") from None
+
+
+def _skip_ws(text: str, i: int) -> int:
+    while i < len(text) and text[i] in " \t\r\n":
+        i += 1
+    return i
+
+
+def _expect(text: str, i: int, lit: str) -> int:
+    i = _skip_ws(text, i)
+    if not text.startswith(lit, i):
+        raise ToolSyntaxError(f"expected {lit!r} at character {i}")
+    return i + len(lit)
+
+
+def _call_from(obj: Any, args_keys: Sequence[str]) -> ToolCall:
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        raise ToolSyntaxError("a tool call must be an object with a string 'name'")
+    for k in args_keys:
+        if k in obj:
+            return ToolCall(obj["name"], _args_text(obj[k]), str(obj.get("id") or ""))
+    return ToolCall(obj["name"], "{}", str(obj.get("id") or ""))
+
+
+def gbnf_literal(text: str) -> str:
+    out = []
+    for ch in text:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\r":
+            out.append("\\r")
+        elif ch == "\t":
+            out.append("\\t")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def gbnf_until(g: GrammarBuilder, name: str, stop: str) -> str:
+    """A rule for any text that does not contain ``stop`` (it may end with a proper prefix
+    of ``stop`` only where the following rule continues it)."""
+
+    def cls(ch: str) -> str:
+        return "[^" + ("\\" + ch if ch in "]\\^-" else ch.replace("\n", "\\n")) + "]"
+
+    alts = [cls(stop[0])]
+    for k in range(1, len(stop)):
+        alts.append(gbnf_literal(stop[:k]) + " " + cls(stop[k]))
+    return g.rule(name, "(" + " | ".join(alts) + ")*")
+
+
+class ToolFormat:
+    """How one model family writes tool calls (see the module docstring)."""
+
+    name = ""
+    starts: tuple[str, ...] = ()  # text that opens a call (lazy-grammar triggers)
+    full_patterns: tuple[str, ...] = ()  # whole-reply trigger patterns
+    always_grammar = False  # the grammar holds from the first token, even with 'auto'
+
+    def calls_rule(self, g: GrammarBuilder, tools: list[Tool], parallel: bool) -> str:
+        raise NotImplementedError
+
+    def parse_calls(self, text: str, tools: list[Tool]) -> list[ToolCall]:
+        """The calls in ``text``, which starts with one of :attr:`starts`."""
+        raise NotImplementedError
+
+    def find_start(self, text: str) -> int:
+        """Where the first call begins in ``text`` (-1: none)."""
+        hits = [i for i in (text.find(s) for s in self.starts) if i >= 0]
+        return min(hits) if hits else -1
+
+
+def _call_objects(g: GrammarBuilder, tools: list[Tool], prefix: str, args_key: str,
+                  extra: Mapping[str, Any] | None = None) -> str:  # fmt: skip
+    """A rule for ``{"name": NAME, args_key: {...}}`` of any of ``tools``."""
+    alts = []
+    for t in tools:
+        props: dict[str, Any] = {"name": {"const": t.name}, args_key: t.schema()}
+        props.update(extra or {})
+        schema = {"type": "object", "properties": props, "required": list(props),
+                  "additionalProperties": False}  # fmt: skip
+        alts.append(g.schema(schema, f"{prefix}-{_rule_name(t.name)}"))
+    return g.rule(f"{prefix}-call", " | ".join(alts))
+
+
+def _rule_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9-]+", "-", name)
+
+
+class Hermes(ToolFormat):
+    name = "hermes"
+    starts = ("<tool_call>",)
+
+    def calls_rule(self, g: GrammarBuilder, tools: list[Tool], parallel: bool) -> str:
+        obj = _call_objects(g, tools, "tool", "arguments")
+        one = g.rule("tool-call", f'"<tool_call>" space {obj} space "</tool_call>"')
+        return g.rule("tool-calls", f"{one} (space {one})*" if parallel else one)
+
+    def parse_calls(self, text: str, tools: list[Tool]) -> list[ToolCall]:
+        calls, i = [], 0
+        while True:
+            i = _expect(text, i, "<tool_call>")
+            obj, i = _json_at(text, i)
+            calls.append(_call_from(obj, ("arguments", "parameters")))
+            i = _expect(text, i, "</tool_call>")
+            j = _skip_ws(text, i)
+            if not text.startswith("<tool_call>", j):
+                if text[j:].strip():
+                    raise ToolSyntaxError("text after the tool calls")
+                return calls
+
+
+class Qwen3Coder(ToolFormat):
+    name = "qwen3-coder"
+    starts = ("<tool_call>",)
+    _ARG_END = "\n</parameter>\n"
+
+    def calls_rule(self, g: GrammarBuilder, tools: list[Tool], parallel: bool) -> str:
+        # a text value never holds "</parameter>" (the format could not be read back)
+        text_arg = g.rule("xml-arg-string", gbnf_until(g, "xml-arg-text", "</parameter>")
+                          + ' "</parameter>\\n"')  # fmt: skip
+        fns = []
+        for t in tools:
+            tn = _rule_name(t.name)
+            required, optional = [], []
+            props = t.schema().get("properties") or {}
+            req = set(t.schema().get("required") or [])
+            for pname, pschema in props.items():
+                head = gbnf_literal(f"<parameter={pname}>" + "\n")
+                if _is_string_schema(pschema):
+                    value = text_arg
+                else:
+                    value = g.schema(pschema, f"tool-{tn}-arg-{_rule_name(pname)}-value")
+                    value = f"{value} {gbnf_literal(self._ARG_END)}"
+                r = g.rule(f"tool-{tn}-arg-{_rule_name(pname)}", f"{head} {value}")
+                (required if pname in req else optional).append(r)
+            body = " ".join(required)
+            if optional:
+                body += " (" + " | ".join(optional) + ")*"
+            opener = gbnf_literal(f"<function={t.name}>" + "\n")
+            fns.append(g.rule(f"tool-{tn}", f'{opener} {body} "</function>\\n"'))
+        one = g.rule("tool-call", f'"<tool_call>\\n" ({" | ".join(fns)}) "</tool_call>" space')
+        return g.rule("tool-calls", f"{one}+" if parallel else one)
+
+    _CALL = re.compile(r"\s*<tool_call>\s*<function=([^>\n]+)>\n?(.*?)</function>\s*</tool_call>",
+                       re.DOTALL)  # fmt: skip
+    _PARAM = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>\s*", re.DOTALL)
+
+    def parse_calls(self, text: str, tools: list[Tool]) -> list[ToolCall]:
+        by_name = {t.name: t for t in tools}
+        calls, i = [], 0
+        while i < len(text) and text[i:].strip():
+            m = self._CALL.match(text, i)
+            if m is None:
+                raise ToolSyntaxError("malformed <tool_call> block")
+            name, body = m.group(1).strip(), m.group(2)
+            props = by_name[name].schema().get("properties", {}) if name in by_name else {}
+            args: dict[str, Any] = {}
+            j = _skip_ws(body, 0)
+            while j < len(body):
+                pm = self._PARAM.match(body, j)
+                if pm is None:
+                    raise ToolSyntaxError("malformed <parameter=...> in a tool call")
+                pname, raw = pm.group(1).strip(), pm.group(2)
+                args[pname] = _xml_value(raw, props.get(pname))
+                j = pm.end()
+            calls.append(ToolCall(name, json.dumps(args, ensure_ascii=False)))
+            i = m.end()
+        if not calls:
+            raise ToolSyntaxError("no tool call")
+        return calls
+
+
+def _schema_types(schema: Any) -> set[str]:
+    if not isinstance(schema, dict):
+        return set()
+    t = schema.get("type")
+    if isinstance(t, str):
+        return {t}
+    if isinstance(t, list):
+        return {x for x in t if isinstance(x, str)}
+    if "enum" in schema and all(isinstance(x, str) for x in schema["enum"]):
+        return {"string"}
+    return set()
+
+
+def _is_string_schema(schema: Any) -> bool:
+    """A parameter written as raw text (its schema allows strings, or says nothing)."""
+    types = _schema_types(schema)
+    return not types or "string" in types
+
+
+def _xml_value(raw: str, schema: Any) -> Any:
+    if _schema_types(schema) and not _is_string_schema(schema):
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError:
+            return raw
+    return raw
+
+
+class Mistral(ToolFormat):
+    name = "mistral"
+    starts = ("[TOOL_CALLS]",)
+
+    def calls_rule(self, g: GrammarBuilder, tools: list[Tool], parallel: bool) -> str:
+        obj = _call_objects(g, tools, "tool", "arguments",
+                            {"id": {"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"}})  # fmt: skip
+        items = f'{obj} ("," space {obj})*' if parallel else obj
+        return g.rule("tool-calls", f'"[TOOL_CALLS]" "[" space {items} space "]"')
+
+    def parse_calls(self, text: str, tools: list[Tool]) -> list[ToolCall]:
+        i = _expect(text, 0, "[TOOL_CALLS]")
+        arr, i = _json_at(text, i)
+        if isinstance(arr, dict):
+            arr = [arr]
+        if not isinstance(arr, list) or not arr:
+            raise ToolSyntaxError("[TOOL_CALLS] must be followed by an array of calls")
+        return [_call_from(o, ("arguments", "parameters")) for o in arr]
+
+
+class Llama3(ToolFormat):
+    name = "llama3"
+    starts = ("<|python_tag|>",)
+    full_patterns = (r'^\s*(\{\s*"name"\s*:\s*")[\s\S]*$',)
+
+    def calls_rule(self, g: GrammarBuilder, tools: list[Tool], parallel: bool) -> str:
+        obj = _call_objects(g, tools, "tool", "parameters")
+        return g.rule("tool-calls", f'("<|python_tag|>")? {obj}')
+
+    def find_start(self, text: str) -> int:
+        i = text.find("<|python_tag|>")
+        if i >= 0:
+            return i
+        j = _skip_ws(text, 0)
+        return j if re.match(r'\{\s*"name"\s*:', text[j:]) else -1
+
+    def parse_calls(self, text: str, tools: list[Tool]) -> list[ToolCall]:
+        i = _skip_ws(text, 0)
+        if text.startswith("<|python_tag|>", i):
+            i += len("<|python_tag|>")
+        calls = []
+        while True:
+            obj, i = _json_at(text, i)
+            calls.append(_call_from(obj, ("parameters", "arguments")))
+            i = _skip_ws(text, i)
+            if i < len(text) and text[i] == ";":
+                i += 1
+                continue
+            if text[i:].strip():
+                raise ToolSyntaxError("text after the tool call")
+            return calls
+
+
+GENERIC_INSTRUCTION = ("Respond in JSON format, either with `tool_call` (a request to call "
+                       "tools) or with `response` reply to the user's request")  # fmt: skip
+
+
+class Generic(ToolFormat):
+    name = "generic"
+    always_grammar = True
+
+    def calls_rule(self, g: GrammarBuilder, tools: list[Tool], parallel: bool) -> str:
+        raise NotImplementedError  # see grammar()
+
+    def schema(self, tools: list[Tool], required: bool, parallel: bool) -> dict[str, Any]:
+        calls = [{"type": "object", "properties": {"name": {"const": t.name},
+                  "arguments": t.schema()}, "required": ["name", "arguments"]}
+                 for t in tools]  # fmt: skip
+        call = calls[0] if len(calls) == 1 else {"anyOf": calls}
+        if parallel:
+            wrap = {
+                "type": "object",
+                "properties": {"tool_calls": {"type": "array", "items": call, "minItems": 1}},
+                "required": ["tool_calls"],
+            }
+        else:
+            wrap = {"type": "object", "properties": {"tool_call": call},
+                    "required": ["tool_call"]}  # fmt: skip
+        if required:
+            return wrap
+        response = {"type": "object", "properties": {"response": {"type": "string"}},
+                    "required": ["response"]}  # fmt: skip
+        return {"anyOf": [wrap, response]}
+
+    def find_start(self, text: str) -> int:
+        return _skip_ws(text, 0) if text.strip() else -1
+
+    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
+        obj, i = _json_at(text, 0)
+        if text[i:].strip() or not isinstance(obj, dict):
+            raise ToolSyntaxError("the reply is not one JSON object")
+        if "tool_call" in obj:
+            return "", [_call_from(obj["tool_call"], ("arguments",))]
+        if "tool_calls" in obj and isinstance(obj["tool_calls"], list):
+            return "", [_call_from(c, ("arguments",)) for c in obj["tool_calls"]]
+        if isinstance(obj.get("response"), str):
+            return obj["response"], []
+        raise ToolSyntaxError("the reply has neither 'tool_call' nor 'response'")
+
+    def parse_calls(self, text: str, tools: list[Tool]) -> list[ToolCall]:
+        return self.parse(text)[1]
+
+
+def detect_format(source: str) -> ToolFormat:
+    """The tool format of a chat template (its text)."""
+    if "<tool_call>" in source and "<function=" in source and "<parameter=" in source:
+        return Qwen3Coder()
+    if "<tool_call>" in source:
+        return Hermes()
+    if "[TOOL_CALLS]" in source and "[ARGS]" not in source and "[CALL_ID]" not in source:
+        return Mistral()
+    if "<|start_header_id|>" in source and ("<|python_tag|>" in source or "ipython" in source):
+        return Llama3()
+    return Generic()
+
+
+# ---------------------------------------------------------------------------- plans
+@dataclass
+class ChatPlan:
+    """What a chat request's tools and reasoning settings imply."""
+
+    fmt: ToolFormat | None = None  # None: tools are not in play
+    tools: list[Tool] = field(default_factory=list)
+    mode: str = "none"  # auto | required | none
+    parallel: bool = False
+    reasoning: bool = True  # split <think> blocks off (reasoning_format != none)
+    legacy: bool = False  # deepseek-legacy: the <think> block also stays in the content
+    think_open: bool = False  # the prompt ends inside a <think> block
+    grammar: str | None = None
+    lazy: bool = False
+    trigger_words: tuple[str, ...] = ()
+    trigger_patterns: tuple[str, ...] = ()
+    preserved: tuple[str, ...] = ()  # special-token texts kept in the reply text
+
+    @property
+    def active(self) -> bool:
+        return self.fmt is not None
+
+    def build_grammar(self) -> None:
+        fmt = self.fmt
+        if fmt is None:
+            return
+        g = GrammarBuilder()
+        if isinstance(fmt, Generic):
+            calls = g.schema(fmt.schema(self.tools, self.mode == "required", self.parallel),
+                             "tool-reply")  # fmt: skip
+        else:
+            calls = fmt.calls_rule(g, self.tools, self.parallel)
+        self.lazy = self.mode == "auto" and not fmt.always_grammar
+        if self.lazy:
+            g.rule("root", calls)
+            self.trigger_words = fmt.starts
+            self.trigger_patterns = fmt.full_patterns
+        elif self.think_open:
+            think = gbnf_until(g, "think-text", THINK_END)
+            g.rule("root", f'{think} "{THINK_END}" space {calls}')
+        else:
+            g.rule("root", calls)
+        self.grammar = g.grammar()
+        self.preserved = tuple(s for s in fmt.starts if s.startswith(("[", "<|")))
+
+
+def plan_chat(source: str, tools: list[Tool], mode: str, *, parallel: bool,
+              reasoning_format: str = "deepseek") -> ChatPlan:  # fmt: skip
+    """The plan of a chat request for a template whose text is ``source`` (the prompt is
+    rendered afterwards; see :func:`system_for_generic` and :meth:`ChatPlan.build_grammar`)."""
+    plan = ChatPlan(
+        reasoning=reasoning_format != "none",
+        parallel=parallel,
+        legacy=reasoning_format == "deepseek-legacy",
+    )
+    if tools and mode != "none":
+        plan.fmt, plan.tools, plan.mode = detect_format(source), tools, mode
+    return plan
+
+
+def generic_messages(messages: list[dict[str, Any]], tools: list[Tool]) -> list[dict[str, Any]]:
+    """The conversation as a template without tool support can render it: the tools and
+    the JSON answer format in the system message, earlier tool calls as the assistant's
+    JSON, tool results as user messages (``{"tool_response": ...}``)."""
+    text = ("You can call any of the following tools to satisfy the user's requests: "
+            + json.dumps([t.as_json() for t in tools], indent=2, ensure_ascii=False)
+            + "\n\n" + GENERIC_INSTRUCTION)  # fmt: skip
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        role = m.get("role")
+        if role == "tool":
+            body = {"tool_response": {"tool": m.get("name") or m.get("tool_call_id") or "",
+                                      "content": m.get("content")}}  # fmt: skip
+            out.append({"role": "user", "content": json.dumps(body, ensure_ascii=False)})
+            continue
+        if role == "assistant" and m.get("tool_calls"):
+            calls = []
+            for tc in m["tool_calls"]:
+                fn = tc.get("function", {}) if isinstance(tc, dict) else {}
+                args = fn.get("arguments", {})
+                if isinstance(args, str):
+                    try:
+                        args = json.loads(args)
+                    except json.JSONDecodeError:
+                        pass
+                calls.append({"name": fn.get("name", ""), "arguments": args})
+            body = {"tool_call": calls[0]} if len(calls) == 1 else {"tool_calls": calls}
+            out.append({"role": "assistant", "content": json.dumps(body, ensure_ascii=False)})
+            continue
+        out.append(dict(m))
+    if out and out[0].get("role") == "system" and isinstance(out[0].get("content"), str):
+        out[0] = {**out[0], "content": out[0]["content"] + "\n\n" + text}
+    else:
+        out.insert(0, {"role": "system", "content": text})
+    return out
+
+
+# ---------------------------------------------------------------------------- parsing
+def split_reasoning(text: str, think_open: bool) -> tuple[str, str, bool]:
+    """``(reasoning, rest, closed)`` of a reply (closed: the block has ended)."""
+    if not think_open:
+        j = _skip_ws(text, 0)
+        if not text.startswith(THINK_START, j):
+            return "", text, True
+        text = text[j + len(THINK_START) :]
+    k = text.find(THINK_END)
+    if k < 0:
+        return text.strip(), "", False
+    return text[:k].strip(), text[k + len(THINK_END) :].lstrip(), True
+
+
+def parse_reply(text: str, plan: ChatPlan) -> Reply:
+    """A finished reply's reasoning, content and tool calls (text that does not parse as
+    the format's calls stays content)."""
+    reasoning = ""
+    if plan.reasoning:
+        reasoning, rest, _ = split_reasoning(text, plan.think_open)
+        text = text if plan.legacy else rest
+    reply = Reply(text, reasoning)
+    fmt = plan.fmt
+    if fmt is None:
+        return reply
+    at = fmt.find_start(text)
+    if at < 0:
+        return reply
+    try:
+        if isinstance(fmt, Generic):
+            content, calls = fmt.parse(text[at:])
+            reply.content = content
+        else:
+            calls = fmt.parse_calls(text[at:], plan.tools)
+            reply.content = text[:at].rstrip()
+    except (ToolSyntaxError, json.JSONDecodeError, KeyError):
+        return reply
+    for c in calls:
+        c.id = c.id or new_call_id()
+    reply.tool_calls = calls
+    return reply
+
+
+def _held(text: str, markers: Sequence[str]) -> int:
+    """How many characters at the end of ``text`` could begin one of ``markers``."""
+    best = 0
+    for m in markers:
+        for k in range(min(len(m) - 1, len(text)), best, -1):
+            if text.endswith(m[:k]):
+                best = k
+                break
+    return best
+
+
+class ReplyStream:
+    """Streamed deltas of a chat reply: ``feed(text)`` returns the ``reasoning_content``
+    and ``content`` deltas that are certain, holding back text that may still become a
+    marker; once a tool call begins the rest is kept and parsed by ``finish()``, which
+    returns the last deltas (tool calls included) and the whole :class:`Reply`."""
+
+    def __init__(self, plan: ChatPlan) -> None:
+        self.plan = plan
+        self.text = ""
+        self.sent_reasoning = 0  # characters of the reasoning already sent
+        self.sent_content = 0
+        self.phase = "think?" if plan.reasoning and not plan.legacy else "content"
+        if self.phase == "think?" and plan.think_open:
+            self.phase = "think"
+        self.think_at = 0  # where the reasoning starts in self.text
+        self.content_at = 0  # where the content starts
+
+    def feed(self, text: str) -> list[dict[str, Any]]:
+        self.text += text
+        out: list[dict[str, Any]] = []
+        if self.phase == "think?":
+            j = _skip_ws(self.text, 0)
+            rest = self.text[j:]
+            if rest.startswith(THINK_START):
+                self.phase, self.think_at = "think", j + len(THINK_START)
+            elif not rest or THINK_START.startswith(rest):
+                return out
+            else:
+                self.phase = "content"
+        if self.phase == "think":
+            if self.sent_reasoning == 0:
+                self.think_at = _skip_ws(self.text, self.think_at)
+            body = self.text[self.think_at :]
+            k = body.find(THINK_END)
+            end = k if k >= 0 else len(body) - _held(body, [THINK_END])
+            new = body[self.sent_reasoning : end]
+            if k >= 0:
+                new = new.rstrip()
+            if new:
+                out.append({"reasoning_content": new})
+                self.sent_reasoning += len(new)
+            if k < 0:
+                return out
+            self.phase = "content-ws"
+            self.content_at = self.think_at + k + len(THINK_END)
+        if self.phase == "content-ws":
+            j = _skip_ws(self.text, self.content_at)
+            if j == len(self.text):
+                return out
+            self.content_at, self.phase = j, "content"
+        if self.phase == "content":
+            out += self._content()
+        return out
+
+    def _content(self) -> list[dict[str, Any]]:
+        body = self.text[self.content_at :]
+        fmt = self.plan.fmt
+        if fmt is None:
+            end = len(body)
+        elif isinstance(fmt, Generic):
+            return []  # one JSON object: parsed at the end
+        else:
+            at = fmt.find_start(body)
+            if at >= 0:
+                end = at
+                self.phase = "calls"
+            elif (
+                isinstance(fmt, Llama3)
+                and self.sent_content == 0
+                and (not body.strip() or body.lstrip().startswith("{"))
+            ):
+                return []  # may still be a whole-reply call
+            else:
+                end = len(body) - _held(body, fmt.starts)
+        if fmt is not None:  # blanks before a call are not content: hold them
+            end = len(body[:end].rstrip())
+        new = body[self.sent_content : end]
+        if not new:
+            return []
+        self.sent_content = end
+        return [{"content": new}]
+
+    def finish(self) -> tuple[list[dict[str, Any]], Reply]:
+        reply = parse_reply(self.text, self.plan)
+        out: list[dict[str, Any]] = []
+        sent_r = self._sent_reasoning_text()
+        if reply.reasoning.startswith(sent_r) and len(reply.reasoning) > len(sent_r):
+            out.append({"reasoning_content": reply.reasoning[len(sent_r) :]})
+        sent_c = self.text[self.content_at : self.content_at + self.sent_content]
+        if reply.content.startswith(sent_c) and len(reply.content) > len(sent_c):
+            out.append({"content": reply.content[len(sent_c) :]})
+        for i, c in enumerate(reply.tool_calls):
+            out.append({"tool_calls": [c.as_json(i)]})
+        return out, reply
+
+    def _sent_reasoning_text(self) -> str:
+        return self.text[self.think_at : self.think_at + self.sent_reasoning].strip()
