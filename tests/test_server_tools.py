@@ -133,6 +133,7 @@ def test_tool_result_in_the_history(server):
         ("Qwen3-Coder.jinja", "<function="),
         ("mistralai-Mistral-Nemo-Instruct-2407.jinja", "[TOOL_CALLS]"),
         ("meta-llama-Llama-3.1-8B-Instruct.jinja", '"parameters"'),
+        ("openai-gpt-oss-120b.jinja", "to=functions."),
     ],
 )
 def test_native_formats_with_their_templates(server, template, name, marker):

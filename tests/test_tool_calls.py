@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,7 @@ EXPECTED = {
     "meta-llama-Llama-3.1-8B-Instruct.jinja": "llama3",
     "meta-llama-Llama-3.2-3B-Instruct.jinja": "llama3",
     "meta-llama-Llama-3.3-70B-Instruct.jinja": "llama3",
+    "openai-gpt-oss-120b.jinja": "harmony",
     "google-gemma-2-2b-it.jinja": "generic",
     "microsoft-Phi-3.5-mini-instruct.jinja": "generic",
 }
@@ -75,7 +77,7 @@ CALLS = {
 WANT = [("get_weather", {"city": "Paris"}), ("add", {"a": 2, "b": 3})]
 SOURCES = {"hermes": "<tool_call>", "qwen3-coder": "<tool_call><function=<parameter=",
            "mistral": "[TOOL_CALLS]", "llama3": "<|start_header_id|>ipython",
-           "generic": ""}  # fmt: skip
+           "generic": "", "harmony": "<|channel|>"}  # fmt: skip
 
 
 def byte_vocab() -> GrammarVocab:
@@ -306,3 +308,61 @@ def test_lazy_grammar_full_pattern_and_bad_trigger() -> None:
         LazyGrammar(inner)
     with pytest.raises(GrammarError, match="pattern"):
         LazyGrammar(inner, patterns=["("])
+
+
+HARMONY_CALL = ("<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant"
+                "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+                '{"city": "Paris"}')  # fmt: skip
+
+
+def test_harmony_grammar_parse_and_stream() -> None:
+    plan = plan_for("harmony", parallel=False)
+    role_form = ' to=functions.add<|channel|>commentary json<|message|>{"a": 2, "b": 3}'
+    for text in (HARMONY_CALL, role_form):
+        assert accepts(plan.grammar, text)
+    assert not accepts(plan.grammar, HARMONY_CALL.replace("get_weather", "rm"))
+    assert not accepts(plan.grammar, "<|channel|>final<|message|>Hi")  # required: a call
+    reply = parse_reply(HARMONY_CALL, plan)
+    assert reply.reasoning == "Need the weather." and reply.content == ""
+    assert [(c.name, json.loads(c.arguments)) for c in reply.tool_calls] == [WANT[0]]
+    assert parse_reply(role_form, plan).tool_calls[0].name == "add"
+    # a plain answer: analysis to reasoning, final (and preambles) to content
+    chat = plan_chat("<|channel|>", [], "none", parallel=False)
+    answer = ("<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>"
+              "commentary<|message|>Note. <|end|><|start|>assistant<|channel|>final<|message|>Done.")  # fmt: skip
+    reply = parse_reply(answer, chat)
+    assert (reply.reasoning, reply.content) == ("Think.", "Note. Done.")
+    raw = plan_chat("<|channel|>", [], "none", parallel=False, reasoning_format="none")
+    assert parse_reply(answer, raw).content.startswith("<|channel|>analysis<|message|>Think.")
+    # streamed: markers are whole tokens, so cut the text at them and inside bodies
+    pieces = re.split(r"(<\|[a-z]+\|>)", answer)
+    for p in (chat, plan_for("harmony", mode="auto", parallel=False)):
+        s = ReplyStream(p)
+        deltas = [d for piece in pieces for d in s.feed(piece)]
+        tail, final = s.finish()
+        deltas += tail
+        assert "".join(d.get("reasoning_content", "") for d in deltas) == final.reasoning
+        assert "".join(d.get("content", "") for d in deltas) == final.content == "Note. Done."
+    s = ReplyStream(plan)
+    for piece in re.split(r"(<\|[a-z]+\|>)", HARMONY_CALL):
+        s.feed(piece)
+    tail, final = s.finish()
+    assert [d["tool_calls"][0]["function"]["name"] for d in tail if "tool_calls" in d] == [
+        "get_weather"]  # fmt: skip
+
+
+def test_harmony_lazy_triggers() -> None:
+    plan = plan_for("harmony", mode="auto", parallel=False)
+    assert plan.lazy and plan.preserved[:3] == ("<|channel|>", "<|constrain|>", "<|message|>")
+    v = GrammarVocab([b"<|channel|>", b"analysis", b"<|message|>", b"x", b"<|end|>",
+                      b"<|start|>", b"assistant", b"commentary", b" to", b"=functions",
+                      b".add", b"<|constrain|>", b"json", b'{"a": 2, "b": 3}', b"final"])  # fmt: skip
+    g = LazyGrammar(GrammarMatcher(plan.grammar, v), patterns=plan.trigger_patterns)
+    for t in (0, 1, 2, 3, 4, 5, 6, 0, 7):  # analysis message, then a commentary header
+        assert g.allows(t) and not g.triggered
+        g.accept(t)
+    g.accept(8)  # " to": the channel-header recipient begins
+    assert g.triggered and g.allows(9) and not g.allows(3)
+    for t in (9, 10, 2, 13):
+        g.accept(t)
+    assert g.can_end

@@ -245,11 +245,18 @@ class ToolFormat:
 
     name = ""
     starts: tuple[str, ...] = ()  # text that opens a call (lazy-grammar triggers)
-    full_patterns: tuple[str, ...] = ()  # whole-reply trigger patterns
+    patterns: tuple[str, ...] = ()  # trigger patterns (``^...$``: the whole reply)
     always_grammar = False  # the grammar holds from the first token, even with 'auto'
 
     def calls_rule(self, g: GrammarBuilder, tools: list[Tool], parallel: bool) -> str:
         raise NotImplementedError
+
+    def required_root(self, g: GrammarBuilder, calls: str, think_open: bool) -> str:
+        """The grammar of a whole reply that must call a tool."""
+        if not think_open:
+            return calls
+        think = gbnf_until(g, "think-text", THINK_END)
+        return g.rule("reasoning-then-calls", f'{think} "{THINK_END}" space {calls}')
 
     def parse_calls(self, text: str, tools: list[Tool]) -> list[ToolCall]:
         """The calls in ``text``, which starts with one of :attr:`starts`."""
@@ -413,7 +420,7 @@ class Mistral(ToolFormat):
 class Llama3(ToolFormat):
     name = "llama3"
     starts = ("<|python_tag|>",)
-    full_patterns = (r'^\s*(\{\s*"name"\s*:\s*")[\s\S]*$',)
+    patterns = (r'^\s*(\{\s*"name"\s*:\s*")[\s\S]*$',)
 
     def calls_rule(self, g: GrammarBuilder, tools: list[Tool], parallel: bool) -> str:
         obj = _call_objects(g, tools, "tool", "parameters")
@@ -493,8 +500,119 @@ class Generic(ToolFormat):
         return self.parse(text)[1]
 
 
+# ---------------------------------------------------------------------------- gpt-oss
+HARMONY_TOKENS = ("<|channel|>", "<|constrain|>", "<|message|>", "<|start|>", "<|end|>")
+_H_START = "<|start|>assistant"
+_H_HEADER = re.compile(
+    r"(?:\s+to=([\w.-]+))?\s*<\|channel\|>(\w+)(?:\s+to=([\w.-]+))?"
+    r"(?:\s*(?:<\|constrain\|>)?\s*[A-Za-z0-9_-]+)?\s*<\|message\|>"
+)
+
+
+def is_harmony(source: str) -> bool:
+    """gpt-oss's template (messages in channels: analysis, commentary, final)."""
+    return "<|channel|>" in source
+
+
+@dataclass
+class HarmonyMessage:
+    channel: str
+    recipient: str  # "" or e.g. "functions.get_weather"
+    body: str
+    raw: str  # the message as written, header included
+
+
+def harmony_messages(text: str) -> tuple[list[HarmonyMessage], str]:
+    """The assistant messages of a reply (the prompt ended with ``<|start|>assistant``) and
+    the text that follows them unread (an unfinished header, or text in no message)."""
+    out: list[HarmonyMessage] = []
+    i = 0
+    while i < len(text):
+        if out and text.startswith(_H_START, i):
+            i += len(_H_START)
+        m = _H_HEADER.match(text, i)
+        if m is None:
+            break
+        j = m.end()
+        ends = [k for k in (text.find("<|end|>", j), text.find("<|start|>", j)) if k >= 0]
+        k = min(ends) if ends else len(text)
+        raw_end = k + len("<|end|>") if text.startswith("<|end|>", k) else k
+        out.append(HarmonyMessage(m.group(2), m.group(1) or m.group(3) or "", text[j:k],
+                                  text[i:raw_end]))  # fmt: skip
+        i = raw_end
+    return out, text[i:]
+
+
+def harmony_reply(text: str, plan: ChatPlan, final: bool) -> Reply:
+    """Reasoning (analysis), content (final and commentary preambles) and calls (messages
+    to ``functions.NAME``) of a gpt-oss reply; an unfinished reply gives what is certain."""
+    msgs, rest = harmony_messages(text)
+    reply = Reply()
+    for m in msgs:
+        if m.recipient.startswith("functions."):
+            if final:
+                try:
+                    args = _args_text(json.loads(m.body.strip()))
+                except (json.JSONDecodeError, ToolSyntaxError):
+                    reply.content += m.raw
+                    continue
+                reply.tool_calls.append(ToolCall(m.recipient[len("functions.") :], args))
+        elif m.recipient:
+            continue  # a built-in tool the request did not offer
+        elif m.channel == "analysis" and plan.reasoning:
+            reply.reasoning += m.body
+        elif m.channel == "analysis":
+            reply.content += m.raw
+        else:
+            reply.content += m.body
+    if final and rest.strip():
+        reply.content += rest
+    return reply
+
+
+class Harmony(ToolFormat):
+    """gpt-oss: a call is a message to ``functions.NAME`` (named in the role header or the
+    channel header), its body the JSON arguments; the reply ends with ``<|call|>``."""
+
+    name = "harmony"
+    patterns = (
+        r"^\s+to$",
+        r"^<\|channel\|>(?:commentary|analysis)\s+to=functions$",
+        r"<\|start\|>assistant(\s+to)",
+        r"<\|start\|>assistant(<\|channel\|>(?:commentary|analysis)\s+to)",
+    )
+
+    def calls_rule(self, g: GrammarBuilder, tools: list[Tool], parallel: bool) -> str:
+        chan = '("commentary" | "analysis")'
+        constraint = g.rule("harmony-constraint",
+                            '([ \\t\\n]* "<|constrain|>"? [A-Za-z0-9_-]+)?')  # fmt: skip
+        alts = []
+        for t in tools:
+            tn = _rule_name(t.name)
+            args = g.schema(t.schema(), f"tool-{tn}-args")
+            to = gbnf_literal("to=functions." + t.name)
+            role = f'[ \\t\\n]+ {to} "<|channel|>" {chan} {constraint} "<|message|>" {args}'
+            channel = f'"<|channel|>" {chan} [ \\t\\n]+ {to} {constraint} "<|message|>" {args}'
+            alts.append(g.rule(f"tool-{tn}", f"({role}) | ({channel})"))
+        return g.rule("tool-call", " | ".join(alts))
+
+    def required_root(self, g: GrammarBuilder, calls: str, think_open: bool) -> str:
+        body = gbnf_until(g, "harmony-text", "<|end|>")
+        analysis = g.rule("harmony-analysis",
+                          f'"<|channel|>analysis<|message|>" {body} "<|end|>" "{_H_START}"')  # fmt: skip
+        return g.rule("harmony-reply", f"{analysis}* {calls}")
+
+    def parse_calls(self, text: str, tools: list[Tool]) -> list[ToolCall]:
+        raise NotImplementedError  # see harmony_reply
+
+    def find_start(self, text: str) -> int:
+        return -1
+
+
 def detect_format(source: str) -> ToolFormat:
     """The tool format of a chat template (its text)."""
+    if is_harmony(source):
+        return Harmony()
     if "<tool_call>" in source and "<function=" in source and "<parameter=" in source:
         return Qwen3Coder()
     if "<tool_call>" in source:
@@ -523,6 +641,7 @@ class ChatPlan:
     trigger_words: tuple[str, ...] = ()
     trigger_patterns: tuple[str, ...] = ()
     preserved: tuple[str, ...] = ()  # special-token texts kept in the reply text
+    harmony: bool = False  # gpt-oss: channels, not <think> blocks
 
     @property
     def active(self) -> bool:
@@ -542,14 +661,11 @@ class ChatPlan:
         if self.lazy:
             g.rule("root", calls)
             self.trigger_words = fmt.starts
-            self.trigger_patterns = fmt.full_patterns
-        elif self.think_open:
-            think = gbnf_until(g, "think-text", THINK_END)
-            g.rule("root", f'{think} "{THINK_END}" space {calls}')
+            self.trigger_patterns = fmt.patterns
         else:
-            g.rule("root", calls)
+            g.rule("root", fmt.required_root(g, calls, self.think_open))
         self.grammar = g.grammar()
-        self.preserved = tuple(s for s in fmt.starts if s.startswith(("[", "<|")))
+        self.preserved += tuple(s for s in fmt.starts if s.startswith(("[", "<|")))
 
 
 def plan_chat(source: str, tools: list[Tool], mode: str, *, parallel: bool,
@@ -563,6 +679,8 @@ def plan_chat(source: str, tools: list[Tool], mode: str, *, parallel: bool,
     )
     if tools and mode != "none":
         plan.fmt, plan.tools, plan.mode = detect_format(source), tools, mode
+    if is_harmony(source):
+        plan.harmony, plan.preserved = True, HARMONY_TOKENS
     return plan
 
 
@@ -620,6 +738,11 @@ def split_reasoning(text: str, think_open: bool) -> tuple[str, str, bool]:
 def parse_reply(text: str, plan: ChatPlan) -> Reply:
     """A finished reply's reasoning, content and tool calls (text that does not parse as
     the format's calls stays content)."""
+    if plan.harmony:
+        reply = harmony_reply(text, plan, final=True)
+        for c in reply.tool_calls:
+            c.id = c.id or new_call_id()
+        return reply
     reasoning = ""
     if plan.reasoning:
         reasoning, rest, _ = split_reasoning(text, plan.think_open)
@@ -673,9 +796,13 @@ class ReplyStream:
             self.phase = "think"
         self.think_at = 0  # where the reasoning starts in self.text
         self.content_at = 0  # where the content starts
+        self._hr = self._hc = ""  # gpt-oss: the reasoning and content sent so far
 
     def feed(self, text: str) -> list[dict[str, Any]]:
         self.text += text
+        if self.plan.harmony:  # markers are whole special tokens: diff what is certain
+            now = harmony_reply(self.text, self.plan, final=False)
+            return self._diff(now.reasoning, now.content)
         out: list[dict[str, Any]] = []
         if self.phase == "think?":
             j = _skip_ws(self.text, 0)
@@ -739,8 +866,22 @@ class ReplyStream:
         self.sent_content = end
         return [{"content": new}]
 
+    def _diff(self, reasoning: str, content: str) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        if len(reasoning) > self.sent_reasoning and reasoning.startswith(self._hr):
+            out.append({"reasoning_content": reasoning[self.sent_reasoning :]})
+            self._hr, self.sent_reasoning = reasoning, len(reasoning)
+        if len(content) > self.sent_content and content.startswith(self._hc):
+            out.append({"content": content[self.sent_content :]})
+            self._hc, self.sent_content = content, len(content)
+        return out
+
     def finish(self) -> tuple[list[dict[str, Any]], Reply]:
         reply = parse_reply(self.text, self.plan)
+        if self.plan.harmony:
+            out = self._diff(reply.reasoning, reply.content)
+            return out + [{"tool_calls": [c.as_json(i)]}
+                          for i, c in enumerate(reply.tool_calls)], reply  # fmt: skip
         out: list[dict[str, Any]] = []
         sent_r = self._sent_reasoning_text()
         if reply.reasoning.startswith(sent_r) and len(reply.reasoning) > len(sent_r):
