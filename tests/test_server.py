@@ -343,7 +343,7 @@ BAD = [
         400,
         None,
     ),
-    ("n > 1", json.dumps({"prompt": "x", "n": 2}).encode(), 400, None),
+    ("n > slots", json.dumps({"prompt": "x", "n": N_SLOTS + 1}).encode(), 400, None),
     (
         "undefined grammar rule",
         json.dumps({"prompt": "x", "grammar": "root ::= x"}).encode(),

@@ -84,6 +84,7 @@ class Chunk:
     probs: list[Any] = field(default_factory=list)
     id_slot: int = -1
     n_prompt: int = 0  # the prompt's tokens (llama-server's tokens_evaluated)
+    index: int = 0  # which completion of the request (n > 1, several prompts)
 
 
 @dataclass
@@ -102,6 +103,7 @@ class Final:
     id_slot: int
     probs: list[Any] = field(default_factory=list)
     prompt_logprobs: dict[str, Any] | None = None  # OpenAI block of the echoed prompt
+    index: int = 0  # which completion of the request (n > 1, several prompts)
 
 
 @dataclass
@@ -110,6 +112,7 @@ class Failure:
 
     kind: str
     message: str
+    index: int = 0  # which completion of the request (n > 1, several prompts)
 
 
 def _piece_text(b: bytes) -> str:
@@ -424,23 +427,41 @@ class ServingModel:
         sampling: SamplingParams,
         opts: CompletionOptions,
         emit: Callable[[Any], None],
+        *,
+        n: int = 1,
+        index: int = 0,
     ) -> Request:
-        """Queue a completion; events go to ``emit``. Raises :class:`QueueFullError` when
-        the queue is full, :class:`SchedulerClosedError` when shutting down."""
-        handler = CompletionHandler(self, prompt, sampling, opts, emit)
-        req = Request(
-            prompt=prompt,
-            handler=handler,
-            cache_prompt=opts.cache_prompt,
-            prompt_logits=opts.echo_logprobs,
-            id_slot=opts.id_slot,
-            deadline=None if opts.timeout is None else time.monotonic() + opts.timeout,
-        )
-        handler.request = req
-        return self.scheduler.submit(req)
+        """Queue ``n`` completions of ``prompt`` (numbered ``index..index+n-1`` in their
+        events, which go to ``emit``); the prompt is decoded once and its cache copied to
+        the others. Raises :class:`QueueFullError` when the queue is full,
+        :class:`SchedulerClosedError` when shutting down."""
+        reqs = []
+        for i in range(n):
+            o = opts
+            if i and opts.grammar is not None:
+                o = dataclasses.replace(opts, grammar=opts.grammar.clone())
+
+            def tagged(ev: Any, k: int = index + i) -> None:
+                ev.index = k
+                emit(ev)
+
+            handler = CompletionHandler(self, prompt, sampling, o, tagged)
+            req = Request(
+                prompt=prompt,
+                handler=handler,
+                cache_prompt=opts.cache_prompt,
+                prompt_logits=opts.echo_logprobs,
+                id_slot=opts.id_slot if i == 0 else -1,
+                deadline=None if opts.timeout is None else time.monotonic() + opts.timeout,
+            )
+            handler.request = req
+            reqs.append(req)
+        reqs[0].followers = reqs[1:]
+        return self.scheduler.submit(reqs[0])
 
     def abort(self, req: Request) -> None:
-        self.scheduler.abort(req)
+        for r in (req, *req.followers):
+            self.scheduler.abort(r)
 
     def start(self) -> ServingModel:
         self.scheduler.start()

@@ -81,6 +81,10 @@ class Request:
     t_prompt: float = 0.0  # prompt decoded (first token sampled)
     t_end: float = 0.0
     aborted: bool = False
+    # n > 1: requests that continue this one's prompt in slots of their own; they wait
+    # ("wait") until its prompt is decoded, then get a copy of its cache and its last
+    # logits row, and generate on their own
+    followers: list[Request] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -183,17 +187,22 @@ class Scheduler:
         accepted request ends with its handler returning None or :meth:`SeqHandler.on_end`."""
         if not req.prompt:
             raise UsageError("the prompt is empty")
+        group = 1 + len(req.followers)
+        if group > len(self.slots):
+            raise UsageError(f"{group} completions of one prompt need as many slots; "
+                             f"there are {len(self.slots)}")  # fmt: skip
         with self._cond:
             if self._closing:
                 raise SchedulerClosedError("the server is shutting down")
-            if self._n_inflight >= len(self.slots) + self.max_queue:
+            if self._n_inflight + group > len(self.slots) + self.max_queue:
                 self.counters.n_rejected += 1
                 raise QueueFullError(
                     f"all {len(self.slots)} slots are busy and {self.max_queue} requests wait"
                 )
-            self._n_inflight += 1
-            req.state = "queued"
+            self._n_inflight += group
             req.t_submit = time.monotonic()
+            for r in (req, *req.followers):
+                r.state = "queued"
             self._queue.append(req)
             self._cond.notify()
         return req
@@ -341,13 +350,18 @@ class Scheduler:
             idle = [s for s in self.slots if not s.busy]
             waiting = list(self._queue)
             for r in waiting:
-                if not idle:
-                    break
+                if len(idle) < 1 + len(r.followers):
+                    continue
                 slot = self._pick(r, idle)
                 if slot is None:
                     continue
                 idle.remove(slot)
                 self._queue.remove(r)
+                for f in r.followers:  # the least recently used slots wait for the prompt
+                    fs = min(idle, key=lambda s: s.t_last_used)
+                    idle.remove(fs)
+                    fs.request, fs.pending, fs.next_token = f, [], None
+                    f.slot, f.state, f.t_start = fs.id, "wait", time.monotonic()
                 self._assign(slot, r)
 
     def _pick(self, r: Request, idle: list[Slot]) -> Slot | None:
@@ -452,11 +466,25 @@ class Scheduler:
                 c = self.counters
                 c.n_prompt_tokens += len(r.prompt) - r.n_cached
                 c.t_prompt += now - r.t_start
+                self._fork(s, r, logits[k], now)
             self._next(s, r, logits[k])
         for sid, (p0, got) in rows.items():  # prompt rows of a chunk that is not the last
             r = self.slots[sid].request
             if r is not None:
                 self._call(r, "on_prompt_logits", p0, np.stack(got))
+
+    def _fork(self, s: Slot, r: Request, row: np.ndarray, now: float) -> None:
+        """``r``'s prompt is decoded: its waiting followers get a copy of the slot's cache
+        and sample their first token from the same logits row."""
+        for f in r.followers:
+            if f.state != "wait":
+                continue
+            fs = self.slots[f.slot]
+            self.ctx.seq_rm(fs.id, -1, -1)
+            self.ctx.seq_cp(s.id, fs.id, -1, -1)
+            fs.tokens = list(s.tokens)
+            f.n_cached, f.state, f.t_prompt = r.n_cached, "generating", now
+            self._next(fs, f, row)
 
     def _next(self, s: Slot, r: Request, row: np.ndarray) -> None:
         try:
@@ -524,6 +552,9 @@ class Scheduler:
             r.handler.on_end(reason, message)
         except Exception:
             pass  # the request is over either way
+        for f in r.followers:  # those still waiting for its prompt end with it
+            if f.state in ("queued", "wait"):
+                self._end_locked(f, reason, message)
 
     def _end(self, r: Request, reason: str, message: str = "") -> None:
         with self._cond:

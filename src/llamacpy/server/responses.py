@@ -24,24 +24,27 @@ def sse(data: Any) -> bytes:
 SSE_DONE = b"data: [DONE]\n\n"
 
 
-def usage(final: Final) -> dict[str, int]:
-    return {
-        "completion_tokens": final.n_predicted,
-        "prompt_tokens": final.n_prompt,
-        "total_tokens": final.n_prompt + final.n_predicted,
-    }
+def usage(finals: list[Final], n: int = 1) -> dict[str, int]:
+    """Token counts of a request's completions (each prompt counted once, not ``n`` times)."""
+    prompt = sum(f.n_prompt for f in finals if f.index % n == 0)
+    done = sum(f.n_predicted for f in finals)
+    return {"completion_tokens": done, "prompt_tokens": prompt, "total_tokens": prompt + done}
 
 
 class Shaper:
     """Formats the events of one request for its route (``native``, ``completion``,
-    ``chat``)."""
+    ``chat``). A request has ``len(prompt_texts) * n`` completions; completion ``i``
+    answers prompt ``i // n`` and is choice ``i`` of an OpenAI response (llama-server's
+    ``index``; a native request with several returns a list)."""
 
-    def __init__(self, kind: str, model: str, *, prompt_text: str = "", echo: bool = False,
-                 return_tokens: bool = False, include_usage: bool = False,
-                 settings: dict[str, Any] | None = None, plan: Any = None) -> None:  # fmt: skip
+    def __init__(self, kind: str, model: str, *, prompt_texts: list[str] | None = None,
+                 n: int = 1, echo: bool = False, return_tokens: bool = False,
+                 include_usage: bool = False, settings: dict[str, Any] | None = None,
+                 plan: Any = None) -> None:  # fmt: skip
         self.kind = kind
         self.model = model
-        self.prompt_text = prompt_text
+        self.prompt_texts = prompt_texts or [""]
+        self.n = n
         self.echo = echo
         self.return_tokens = return_tokens
         self.include_usage = include_usage
@@ -49,36 +52,58 @@ class Shaper:
         prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
         self.id = prefix + uuid.uuid4().hex
         self.created = int(time.time())
-        self.n_tokens = 0
+        self.n_tokens: dict[int, int] = {}
         self.plan = plan  # chat: a tool_calls.ChatPlan (reasoning and tool calls split off)
-        self.stream = ReplyStream(plan) if plan is not None else None
+        self.streams: dict[int, ReplyStream] = {}
+
+    @property
+    def count(self) -> int:
+        return len(self.prompt_texts) * self.n
+
+    def _prompt_text(self, index: int) -> str:
+        return self.prompt_texts[index // self.n]
+
+    def _stream(self, index: int) -> ReplyStream | None:
+        if self.plan is None:
+            return None
+        if index not in self.streams:
+            self.streams[index] = ReplyStream(self.plan)
+        return self.streams[index]
 
     # ------------------------------------------------------------------ whole results
-    def result(self, final: Final) -> dict[str, Any]:
+    def result(self, finals: Final | list[Final]) -> Any:
+        finals = sorted([finals] if isinstance(finals, Final) else finals, key=lambda f: f.index)
         if self.kind == "native":
-            return self._native_final(final, stream=False)
+            out = [self._native_final(f, stream=False) for f in finals]
+            return out[0] if len(out) == 1 else out
         if self.kind == "completion":
-            text = (self.prompt_text + final.text) if self.echo else final.text
-            return {
-                "choices": [{"text": text, "index": 0, "logprobs": self._oai_logprobs(final),
-                             "finish_reason": final.finish_reason}],
-                "created": self.created, "model": self.model,
-                "system_fingerprint": FINGERPRINT, "object": "text_completion",
-                "usage": usage(final), "id": self.id, "timings": final.timings,
-            }  # fmt: skip
+            choices = []
+            for f in finals:
+                text = (self._prompt_text(f.index) + f.text) if self.echo else f.text
+                choices.append({"text": text, "index": f.index,
+                                "logprobs": self._oai_logprobs(f),
+                                "finish_reason": f.finish_reason})  # fmt: skip
+            obj = "text_completion"
+        else:
+            choices = [self._chat_choice(f) for f in finals]
+            obj = "chat.completion"
+        return {
+            "choices": choices, "created": self.created, "model": self.model,
+            "system_fingerprint": FINGERPRINT, "object": obj,
+            "usage": usage(finals, self.n), "id": self.id, "timings": finals[0].timings,
+        }  # fmt: skip
+
+    def _chat_choice(self, final: Final) -> dict[str, Any]:
         finish, message = final.finish_reason, {"role": "assistant", "content": final.text}
         if self.plan is not None:
             reply = parse_reply(final.text, self.plan)
             message = reply.message()
             finish = "tool_calls" if reply.tool_calls else finish
-        choice: dict[str, Any] = {"finish_reason": finish, "index": 0, "message": message}
+        choice: dict[str, Any] = {"finish_reason": finish, "index": final.index,
+                                  "message": message}  # fmt: skip
         if final.probs:
             choice["logprobs"] = openai.chat_logprobs(_merge(final.probs))
-        return {
-            "choices": [choice], "created": self.created, "model": self.model,
-            "system_fingerprint": FINGERPRINT, "object": "chat.completion",
-            "usage": usage(final), "id": self.id, "timings": final.timings,
-        }  # fmt: skip
+        return choice
 
     def _oai_logprobs(self, final: Final) -> dict[str, Any] | None:
         if not final.probs and final.prompt_logprobs is None:
@@ -88,7 +113,7 @@ class Shaper:
 
     def _native_final(self, final: Final, stream: bool) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "index": 0,
+            "index": final.index,
             "content": "" if stream else final.text,
             "tokens": [] if stream or not self.return_tokens else final.tokens,
             "id_slot": final.id_slot,
@@ -97,7 +122,7 @@ class Shaper:
             "tokens_predicted": final.n_predicted,
             "tokens_evaluated": final.n_prompt,
             "generation_settings": self.settings,
-            "prompt": self.prompt_text,
+            "prompt": self._prompt_text(final.index),
             "has_new_line": "\n" in final.text,
             "truncated": False,
             "stop_type": final.stop_type,
@@ -111,18 +136,20 @@ class Shaper:
 
     # ------------------------------------------------------------------ stream chunks
     def first(self) -> list[bytes]:
-        """Events sent before any token (the chat role delta)."""
+        """Events sent before any token (the chat role delta of each choice)."""
         if self.kind != "chat":
             return []
-        return [sse(self._chat_chunk({"role": "assistant", "content": None}, None))]
+        return [sse(self._chat_chunk({"role": "assistant", "content": None}, None, index=i))
+                for i in range(self.count)]  # fmt: skip
 
     def chunk(self, ev: Chunk) -> list[bytes]:
-        self.n_tokens += len(ev.tokens)
+        i = ev.index
+        self.n_tokens[i] = self.n_tokens.get(i, 0) + len(ev.tokens)
         if self.kind == "native":
             out: dict[str, Any] = {
-                "index": 0, "content": ev.text,
+                "index": i, "content": ev.text,
                 "tokens": ev.tokens if self.return_tokens else [],
-                "stop": False, "id_slot": ev.id_slot, "tokens_predicted": self.n_tokens,
+                "stop": False, "id_slot": ev.id_slot, "tokens_predicted": self.n_tokens[i],
                 "tokens_evaluated": ev.n_prompt,
             }  # fmt: skip
             if ev.probs:
@@ -130,49 +157,65 @@ class Shaper:
             return [sse(out)]
         if self.kind == "completion":
             lp = _merge(ev.probs) if ev.probs else None
-            return [sse(self._cmpl_chunk(ev.text, None, lp))]
+            return [sse(self._cmpl_chunk(ev.text, None, lp, index=i))]
         lp = openai.chat_logprobs(_merge(ev.probs)) if ev.probs else None
-        if self.stream is None:
-            return [sse(self._chat_chunk({"content": ev.text}, None, lp))]
-        deltas = self.stream.feed(ev.text)
+        stream = self._stream(i)
+        if stream is None:
+            return [sse(self._chat_chunk({"content": ev.text}, None, lp, index=i))]
+        deltas = stream.feed(ev.text)
         if not deltas and lp is not None:
             deltas = [{"content": ""}]
-        return [sse(self._chat_chunk(d, None, lp if i == 0 else None))
-                for i, d in enumerate(deltas)]  # fmt: skip
+        return [sse(self._chat_chunk(d, None, lp if k == 0 else None, index=i))
+                for k, d in enumerate(deltas)]  # fmt: skip
 
-    def last(self, final: Final) -> list[bytes]:
+    def done(self, final: Final) -> list[bytes]:
+        """The events that close one completion (its finish reason)."""
+        i = final.index
         if self.kind == "native":
             return [sse(self._native_final(final, stream=True))]
         head: list[bytes] = []
         if self.kind == "completion":
-            last = self._cmpl_chunk("", final.finish_reason, None)
+            last = self._cmpl_chunk("", final.finish_reason, None, index=i)
         else:
             finish = final.finish_reason
-            if self.stream is not None:
-                deltas, reply = self.stream.finish()
-                head = [sse(self._chat_chunk(d, None)) for d in deltas]
+            stream = self._stream(i)
+            if stream is not None:
+                deltas, reply = stream.finish()
+                head = [sse(self._chat_chunk(d, None, index=i)) for d in deltas]
                 finish = "tool_calls" if reply.tool_calls else finish
-            last = self._chat_chunk({}, finish)
+            last = self._chat_chunk({}, finish, index=i)
         last["timings"] = final.timings
-        out = [*head, sse(last)]
+        return [*head, sse(last)]
+
+    def end(self, finals: list[Final]) -> list[bytes]:
+        """The events after every completion is done (usage, ``[DONE]``)."""
+        if self.kind == "native":
+            return []
+        out = []
         if self.include_usage:
-            tail = {k: v for k, v in last.items() if k not in ("choices", "timings")}
-            out.append(sse({**tail, "choices": [], "usage": usage(final)}))
+            obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
+            out.append(sse({**self._head(obj), "choices": [],
+                            "usage": usage(finals, self.n)}))  # fmt: skip
         out.append(SSE_DONE)
         return out
+
+    def last(self, final: Final) -> list[bytes]:
+        """:meth:`done` and :meth:`end` of a request with one completion."""
+        return self.done(final) + self.end([final])
 
     def _head(self, obj: str) -> dict[str, Any]:
         return {"created": self.created, "id": self.id, "model": self.model,
                 "system_fingerprint": FINGERPRINT, "object": obj}  # fmt: skip
 
-    def _cmpl_chunk(self, text: str, finish: str | None, lp: Any) -> dict[str, Any]:
+    def _cmpl_chunk(self, text: str, finish: str | None, lp: Any,
+                    index: int = 0) -> dict[str, Any]:  # fmt: skip
         return {**self._head("text_completion"),
-                "choices": [{"text": text, "index": 0, "logprobs": lp, "finish_reason": finish}]}  # fmt: skip
+                "choices": [{"text": text, "index": index, "logprobs": lp,
+                             "finish_reason": finish}]}  # fmt: skip
 
-    def _chat_chunk(
-        self, delta: dict[str, Any], finish: str | None, lp: Any = None
-    ) -> dict[str, Any]:
-        choice: dict[str, Any] = {"finish_reason": finish, "index": 0, "delta": delta}
+    def _chat_chunk(self, delta: dict[str, Any], finish: str | None, lp: Any = None,
+                    index: int = 0) -> dict[str, Any]:  # fmt: skip
+        choice: dict[str, Any] = {"finish_reason": finish, "index": index, "delta": delta}
         if lp is not None:
             choice["logprobs"] = lp
         return {**self._head("chat.completion.chunk"), "choices": [choice]}

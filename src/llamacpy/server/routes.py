@@ -255,11 +255,11 @@ def _text_bias(m: ServingModel, creq: CompletionRequest) -> None:
 
 
 def _prepare(
-    m: ServingModel, creq: CompletionRequest, plan: ChatPlan | None
+    m: ServingModel, creq: CompletionRequest, plan: ChatPlan | None, prompt: Any = None
 ) -> tuple[list[int], str]:
-    """Prompt tokens (checked) and the prompt text (echo and the native ``prompt`` field);
-    for a chat request the plan learns whether the prompt opened a reasoning block, and
-    gets its grammar."""
+    """Prompt tokens (checked) and the prompt text (echo and the native ``prompt`` field)
+    of a chat request or of one ``prompt``; for a chat request the plan learns whether the
+    prompt opened a reasoning block, and gets its grammar."""
     _text_bias(m, creq)
     if creq.kind == "chat":
         text = _render(m, creq, plan)
@@ -270,12 +270,12 @@ def _prepare(
                 plan.build_grammar()
             except LlamacpyError as e:
                 raise bad_request(f"cannot build the tools' grammar: {e}") from None
-    elif isinstance(creq.prompt, str):
-        text = creq.prompt
+    elif isinstance(prompt, str):
+        text = prompt
         tokens = m.tokenize(text)
     else:  # llama-server's mixed prompt: strings are tokenized, ids taken as they are
         tokens = []
-        for i, part in enumerate(creq.prompt):
+        for i, part in enumerate(prompt):
             if isinstance(part, str):
                 tokens += m.tokenize(part, add_special=i == 0)
             else:
@@ -300,8 +300,12 @@ async def _completion(request: Request, kind: str) -> Response:
     creq = parse_completion(data, kind, m.n_vocab)
     if creq.id_slot >= m.n_parallel:
         raise bad_request(f"'id_slot' must be below the number of slots ({m.n_parallel})")
+    if creq.n > m.n_parallel:
+        raise bad_request(f"'n' ({creq.n}) must be at most the number of slots "
+                          f"({m.n_parallel}, the server's -np)")  # fmt: skip
     plan = _chat_plan(m, creq, st.config.reasoning_format) if kind == "chat" else None
-    tokens, text = await run_in_threadpool(_prepare, m, creq, plan)
+    jobs = [await run_in_threadpool(_prepare, m, creq, plan, p)
+            for p in (creq.prompts if kind != "chat" else [None])]  # fmt: skip
     try:
         sampling = m.sampling_params({**creq.sampling, "n_probs": creq.n_probs})
         if plan is not None and plan.grammar:
@@ -312,44 +316,60 @@ async def _completion(request: Request, kind: str) -> Response:
             )
     except LlamacpyError as e:
         raise bad_request(str(e)) from None
-    n_predict = creq.n_predict if creq.n_predict >= 0 else st.config.n_predict
-    room = m.n_ctx_slot - len(tokens)
-    n_predict = room if n_predict < 0 or n_predict > room else n_predict  # capped by the context
+    n_want = creq.n_predict if creq.n_predict >= 0 else st.config.n_predict
     timeout = min(creq.timeout or st.config.timeout, st.config.timeout)
-    opts = CompletionOptions(
-        n_predict=n_predict, stop=tuple(creq.stop), n_probs=creq.n_probs, logprobs=creq.logprobs,
-        post_sampling_probs=creq.post_sampling_probs,
-        echo_logprobs=creq.echo and creq.logprobs is not None,
-        text_offset=len(text) if kind == "completion" else 0, cache_prompt=creq.cache_prompt,
-        id_slot=creq.id_slot, timeout=timeout, grammar=grammar,
-        preserved=m.preserved_tokens(plan.preserved) if plan is not None else frozenset(),
-    )  # fmt: skip
+    preserved = m.preserved_tokens(plan.preserved) if plan is not None else frozenset()
+    options = []
+    for k, (tokens, text) in enumerate(jobs):
+        room = m.n_ctx_slot - len(tokens)
+        n_predict = room if n_want < 0 or n_want > room else n_want  # capped by the context
+        options.append(CompletionOptions(
+            n_predict=n_predict, stop=tuple(creq.stop), n_probs=creq.n_probs,
+            logprobs=creq.logprobs, post_sampling_probs=creq.post_sampling_probs,
+            echo_logprobs=creq.echo and creq.logprobs is not None,
+            text_offset=len(text) if kind == "completion" else 0,
+            cache_prompt=creq.cache_prompt, id_slot=creq.id_slot if k == 0 else -1,
+            timeout=timeout, grammar=grammar if k == 0 or grammar is None else grammar.clone(),
+            preserved=preserved,
+        ))  # fmt: skip
     shaper = Shaper(
-        kind, creq.model or st.model_name, prompt_text=text, echo=creq.echo,
-        return_tokens=creq.return_tokens, include_usage=creq.include_usage,
-        settings=_settings(m, sampling, n_predict, creq.stop, creq.stream), plan=plan,
+        kind, creq.model or st.model_name, prompt_texts=[t for _, t in jobs], n=creq.n,
+        echo=creq.echo, return_tokens=creq.return_tokens, include_usage=creq.include_usage,
+        settings=_settings(m, sampling, options[0].n_predict, creq.stop, creq.stream), plan=plan,
     )  # fmt: skip
     channel = Channel(chunks=creq.stream)
+    reqs: list[Any] = []
+
+    def abort() -> None:
+        for r in reqs:
+            m.abort(r)
+
     try:
-        req = m.submit(tokens, sampling, opts, channel.emit)
+        for k, ((tokens, _), opts) in enumerate(zip(jobs, options)):
+            reqs.append(m.submit(tokens, sampling, opts, channel.emit, n=creq.n, index=k * creq.n))
     except QueueFullError as e:
+        abort()
         raise APIError(429, f"the server is busy: {e}; retry later",
                        headers={"Retry-After": "1"}) from None  # fmt: skip
     except SchedulerClosedError as e:
+        abort()
         raise APIError(503, str(e)) from None
     except LlamacpyError as e:
+        abort()
         raise bad_request(str(e)) from None
 
-    def abort() -> None:
-        m.abort(req)
-
+    total = shaper.count
     if creq.stream:
-        return EventStream(_stream(channel, shaper, abort, request.scope), on_disconnect=abort)
-    ev = await result_or_disconnect(channel, request.receive, abort)  # or ClientGone
-    if isinstance(ev, Failure):
-        raise _failure(ev)
-    accesslog.note(request.scope, prompt_tokens=ev.n_prompt, predicted_tokens=ev.n_predicted)
-    return JSONResponse(shaper.result(ev))
+        return EventStream(_stream(channel, shaper, abort, request.scope, total),
+                           on_disconnect=abort)  # fmt: skip
+    finals = await result_or_disconnect(channel, request.receive, abort, total)  # or ClientGone
+    failed = next((ev for ev in finals if isinstance(ev, Failure)), None)
+    if failed is not None:
+        abort()
+        raise _failure(failed)
+    accesslog.note(request.scope, prompt_tokens=sum(f.n_prompt for f in finals),
+                   predicted_tokens=sum(f.n_predicted for f in finals))  # fmt: skip
+    return JSONResponse(shaper.result(finals))
 
 
 def _failure(ev: Failure) -> APIError:
@@ -357,23 +377,31 @@ def _failure(ev: Failure) -> APIError:
     return APIError(status, ev.message)
 
 
-async def _stream(channel: Channel, shaper: Shaper, abort: Any, scope: Any) -> AsyncIterator[bytes]:
+async def _stream(
+    channel: Channel, shaper: Shaper, abort: Any, scope: Any, total: int = 1
+) -> AsyncIterator[bytes]:
     finished = False
+    finals: list[Final] = []
     try:
         for b in shaper.first():
             yield b
         while True:
             ev = await channel.get()
             if isinstance(ev, Final):
+                finals.append(ev)
+                for b in shaper.done(ev):
+                    yield b
+                if len(finals) < total:
+                    continue
                 finished = True
-                accesslog.note(scope, prompt_tokens=ev.n_prompt, predicted_tokens=ev.n_predicted)
-                for b in shaper.last(ev):
+                accesslog.note(scope, prompt_tokens=sum(f.n_prompt for f in finals),
+                               predicted_tokens=sum(f.n_predicted for f in finals))  # fmt: skip
+                for b in shaper.end(finals):
                     yield b
                 return
             if isinstance(ev, Failure):
-                finished = True
                 yield sse(_failure(ev).body())
-                return
+                return  # the others are aborted below
             for b in shaper.chunk(ev):
                 yield b
     finally:

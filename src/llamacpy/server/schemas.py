@@ -147,6 +147,9 @@ def _range(name: str, v: Any, lo: Any, hi: Any) -> Any:
     return v
 
 
+MAX_N = 128  # completions per prompt (also at most the server's slots)
+MAX_PROMPTS = 128  # prompts per request
+
 # request field -> (SamplingParams field, kind, lo, hi); shared by every completion route
 SAMPLING_FIELDS: list[tuple[str, str, str, float | None, float | None]] = [
     ("temperature", "temp", "float", None, 100.0),  # <= 0: greedy (llama-server)
@@ -181,6 +184,8 @@ class CompletionRequest:
 
     kind: str  # "native" | "completion" | "chat"
     prompt: Any = None  # completion routes: str or list of str/int
+    prompts: list[Any] = field(default_factory=list)  # each prompt of the request
+    n: int = 1  # completions of each prompt (n, llama-server's n_cmpl)
     messages: list[Any] | None = None
     tools: list[Any] | None = None
     template_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -280,9 +285,6 @@ def _sampling(f: Fields, n_vocab: int) -> dict[str, Any]:
 
 def _unsupported(f: Fields, kind: str) -> None:
     """Fields that would change the result but are not implemented: refuse, never ignore."""
-    n = f.int("n", 1, 1, 128)
-    if n != 1:
-        raise APIError(400, "only n = 1 is supported")
     if f.int("best_of", 1, 1, 128) != 1:
         raise APIError(400, "best_of > 1 is not supported")
     if f.raw("suffix"):
@@ -328,6 +330,9 @@ def parse_completion(data: dict[str, Any], kind: str, n_vocab: int) -> Completio
     r = CompletionRequest(kind=kind)
     r.model = f.str("model", None, 1000)
     r.grammar = _grammar(f, kind)
+    r.n = f.int("n", 1, 1, MAX_N)
+    if kind == "native" and f.has("n_cmpl"):
+        r.n = f.int("n_cmpl", 1, 1, MAX_N)
     r.sampling = _sampling(f, n_vocab)
     r.stop = _stop(f)
     r.stream = f.bool("stream", False)
@@ -388,23 +393,35 @@ def parse_completion(data: dict[str, Any], kind: str, n_vocab: int) -> Completio
     else:
         if "prompt" not in data or data["prompt"] is None:
             raise bad_request("'prompt' is required")
-        r.prompt = _prompt(data["prompt"])
+        r.prompts = _prompts(data["prompt"])
+        r.prompt = r.prompts[0]
     return r
 
 
-def _prompt(v: Any) -> Any:
-    """One prompt: a string, token ids, or a mix of both (llama-server); a list holding one
-    such prompt is that prompt. Several prompts in one request are refused."""
+def _one_prompt(v: Any) -> Any:
+    """A string, token ids, or a mix of both (llama-server)."""
     if isinstance(v, str):
         return v
-    if isinstance(v, list):
-        if len(v) == 1 and isinstance(v[0], list | str):
-            return _prompt(v[0])
-        if all(isinstance(x, str) for x in v) and len(v) > 1:
-            raise bad_request("several prompts in one request are not supported; send one each")
-        if all((isinstance(x, int) and not isinstance(x, bool)) or isinstance(x, str) for x in v):
-            return v
-    raise bad_request("'prompt' must be a string, an array of token ids, or a mix of both")
+    if isinstance(v, list) and all(
+        (isinstance(x, int) and not isinstance(x, bool)) or isinstance(x, str) for x in v
+    ):
+        return v
+    raise bad_request("'prompt' must be a string, an array of token ids, a mix of both, or "
+                      "an array of such prompts")  # fmt: skip
+
+
+def _prompts(v: Any) -> list[Any]:
+    """The request's prompts: one prompt, or an array of them (an array of strings is
+    several prompts, as in OpenAI's API; an array of ids, or ids and strings, is one)."""
+    if (
+        isinstance(v, list)
+        and v
+        and (all(isinstance(x, list) for x in v) or (all(isinstance(x, str) for x in v)))
+    ):
+        if len(v) > MAX_PROMPTS:
+            raise bad_request(f"too many prompts: {len(v)} (at most {MAX_PROMPTS})")
+        return [_one_prompt(x) for x in v]
+    return [_one_prompt(v)]
 
 
 def check_tokens(tokens: list[Any], n_vocab: int, what: str = "prompt") -> list[int]:

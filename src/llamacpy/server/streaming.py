@@ -36,11 +36,16 @@ class Channel:
     async def get(self) -> Any:
         return await self.queue.get()
 
-    async def final(self) -> Final | Failure:
-        while True:
+    async def finals(self, count: int = 1) -> list[Final | Failure]:
+        """The final events of ``count`` completions (stops early at a failure)."""
+        out: list[Final | Failure] = []
+        while len(out) < count:
             ev = await self.queue.get()
             if isinstance(ev, Final | Failure):
-                return ev
+                out.append(ev)
+                if isinstance(ev, Failure):
+                    break
+        return out
 
 
 async def wait_disconnect(receive: Receive) -> None:
@@ -54,12 +59,12 @@ class ClientGone(Exception):
 
 
 async def result_or_disconnect(
-    channel: Channel, receive: Receive, on_disconnect: Callable[[], None]
-) -> Final | Failure:
-    """The request's final event; if the client disconnects first, ``on_disconnect()`` is
-    called and :class:`ClientGone` raised."""
+    channel: Channel, receive: Receive, on_disconnect: Callable[[], None], count: int = 1
+) -> list[Final | Failure]:
+    """The final events of the request's ``count`` completions; if the client disconnects
+    first, ``on_disconnect()`` is called and :class:`ClientGone` raised."""
     watch = asyncio.ensure_future(wait_disconnect(receive))
-    get = asyncio.ensure_future(channel.final())
+    get = asyncio.ensure_future(channel.finals(count))
     try:
         done, _ = await asyncio.wait({watch, get}, return_when=asyncio.FIRST_COMPLETED)
     except BaseException:
