@@ -115,3 +115,24 @@ def test_mask_equals_token_checks_on_a_real_vocab(grammar, smollm_tokenizer):
         if len(allowed) == 0:
             break
         m.accept(int(rng.choice(allowed)))
+
+
+def test_mask_inside_a_partial_character_allows_continuation_bytes():
+    """Byte-level vocabularies spell a character as several tokens: after its first byte
+    the mask must allow the next byte (a token that is not UTF-8 on its own), exactly as
+    the one-token check does."""
+    pieces = [bytes([b]) for b in range(256)] + [b"\xe2\x96", b"ab", b"</s>"]
+    v = GrammarVocab(pieces, eog=[len(pieces) - 1])
+    m = GrammarMatcher('root ::= "x\u2581y"', v)  # U+2581 is E2 96 81
+    m.accept(ord("x"))
+    for first in (0xE2, 256):  # one byte, or two bytes in one token
+        g = m.clone()
+        g.accept(first)
+        mask = g.mask()
+        assert list(np.flatnonzero(mask)) == [t for t in range(len(pieces)) if g.allows(t)]
+        nxt = 0x96 if first == 0xE2 else 0x81
+        assert mask[nxt]
+        g.accept(nxt)
+        if first == 0xE2:
+            g.accept(0x81)
+        assert list(np.flatnonzero(g.mask())) == [ord("y")]

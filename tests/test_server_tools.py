@@ -134,23 +134,28 @@ def test_tool_result_in_the_history(server):
         ("mistralai-Mistral-Nemo-Instruct-2407.jinja", "[TOOL_CALLS]"),
         ("meta-llama-Llama-3.1-8B-Instruct.jinja", '"parameters"'),
         ("openai-gpt-oss-120b.jinja", "to=functions."),
+        ("GLM-4.6.jinja", "<arg_key>"),
+        ("llama-cpp-deepseek-r1.jinja", "get_weather\n```json"),
+        ("ibm-granite-granite-3.3-2B-Instruct.jinja", "<|tool_call|>"),
     ],
 )
 def test_native_formats_with_their_templates(server, template, name, marker):
     template(name)
     rendered = server.http.post("/apply-template", json={"messages": ASK, "tools": TOOLS})
     assert rendered.status_code == 200 and "get_weather" in rendered.json()["prompt"]
+    budget = {"reasoning_budget_tokens": 8}  # a thinking template: the block is cut short
     r = server.client.chat.completions.create(model="m", messages=ASK, tools=TOOLS,
-                                              tool_choice="required", max_tokens=128,
-                                              temperature=0, parallel_tool_calls=False)  # fmt: skip
+                                              tool_choice="required", max_tokens=256,
+                                              temperature=0, parallel_tool_calls=False,
+                                              extra_body=budget)  # fmt: skip
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls", choice.message
     check_calls(choice.message.tool_calls)
     assert len(choice.message.tool_calls) == 1
     # the raw text shows the format's own syntax
     raw = server.http.post("/v1/chat/completions", json={
-        "messages": ASK, "tools": TOOLS, "tool_choice": "required", "max_tokens": 128,
-        "temperature": 0, "parallel_tool_calls": False, "logprobs": True}).json()  # fmt: skip
+        "messages": ASK, "tools": TOOLS, "tool_choice": "required", "max_tokens": 256,
+        "temperature": 0, "parallel_tool_calls": False, "logprobs": True, **budget}).json()  # fmt: skip
     text = "".join(t["token"] for t in raw["choices"][0]["logprobs"]["content"])
     assert marker in text, text
     # auto: free text unless the model opens a call; either way a well-formed reply
@@ -215,3 +220,16 @@ def test_required_call_on_gemma3(gemma3_path):
                                                tool_choice="required", max_tokens=96, seed=seed)  # fmt: skip
             assert r.choices[0].finish_reason == "tool_calls"
             check_calls(r.choices[0].message.tool_calls)
+
+
+def test_reasoning_budget(server, template):
+    template("Qwen-Qwen3-0.6B.jinja")
+    grammar = 'root ::= "<think>" [a-z \\n]+ "</think>" [a-z ]+'
+    for budget in (0, 5):
+        j = server.http.post("/v1/chat/completions", json={
+            "messages": ASK, "grammar": grammar, "max_tokens": 24, "temperature": 0,
+            "reasoning_budget_tokens": budget, "reasoning_budget_message": " ok"}).json()  # fmt: skip
+        msg = j["choices"][0]["message"]
+        assert msg["reasoning_content"].endswith("ok"), msg
+        thought = server.http.post("/tokenize", json={"content": msg["reasoning_content"]})
+        assert len(thought.json()["tokens"]) <= budget + 3

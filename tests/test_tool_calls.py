@@ -55,6 +55,17 @@ EXPECTED = {
     "meta-llama-Llama-3.2-3B-Instruct.jinja": "llama3",
     "meta-llama-Llama-3.3-70B-Instruct.jinja": "llama3",
     "openai-gpt-oss-120b.jinja": "harmony",
+    "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja": "deepseek-r1",
+    "llama-cpp-deepseek-r1.jinja": "deepseek-r1",
+    "deepseek-ai-DeepSeek-V3.1.jinja": "deepseek-v3.1",
+    "ibm-granite-granite-3.3-2B-Instruct.jinja": "granite",
+    "ibm-granite-granite-4.0.jinja": "hermes",
+    "GLM-4.6.jinja": "glm",
+    "inclusionai-ling-3.0-flash.jinja": "glm",
+    "Spark2.5.jinja": "glm",
+    "meetkai-functionary-medium-v3.1.jinja": "functionary-v3.1",
+    "ByteDance-Seed-OSS.jinja": "generic",
+    "MiniMax-M3.jinja": "generic",
     "google-gemma-2-2b-it.jinja": "generic",
     "microsoft-Phi-3.5-mini-instruct.jinja": "generic",
 }
@@ -73,11 +84,28 @@ CALLS = {
                '"id": "xyz789XYZ"}]',
     "generic": '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}, '
                '{"name": "add", "arguments": {"a": 2, "b": 3}}]}',
+    "deepseek-r1": "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n"
+                   '```json\n{"city": "Paris"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function'
+                   '<｜tool▁sep｜>add\n```json\n{"a": 2, "b": 3}\n```<｜tool▁call▁end｜>'
+                   "<｜tool▁calls▁end｜>",
+    "deepseek-v3.1": '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": '
+                     '"Paris"}<｜tool▁call▁end｜><｜tool▁call▁begin｜>add<｜tool▁sep｜>{"a": 2, "b": 3}'
+                     "<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+    "granite": '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris"}}, '
+               '{"name": "add", "arguments": {"a": 2, "b": 3}}]',
+    "glm": "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
+           "</tool_call>\n<tool_call>add<arg_key>a</arg_key><arg_value>2</arg_value>"
+           "<arg_key>b</arg_key><arg_value>3</arg_value></tool_call>",
+    "functionary-v3.1": '<function=get_weather>{"city": "Paris"}</function>'
+                        '<function=add>{"a": 2, "b": 3}</function>',
 }  # fmt: skip
 WANT = [("get_weather", {"city": "Paris"}), ("add", {"a": 2, "b": 3})]
 SOURCES = {"hermes": "<tool_call>", "qwen3-coder": "<tool_call><function=<parameter=",
            "mistral": "[TOOL_CALLS]", "llama3": "<|start_header_id|>ipython",
-           "generic": "", "harmony": "<|channel|>"}  # fmt: skip
+           "generic": "", "harmony": "<|channel|>",
+           "deepseek-r1": "<｜tool▁calls▁begin｜>```json", "deepseek-v3.1": "<｜tool▁calls▁begin｜>",
+           "granite": "<|tool_call|>", "glm": "<tool_call><arg_key>",
+           "functionary-v3.1": "<function=</function>"}  # fmt: skip
 
 
 def byte_vocab() -> GrammarVocab:
@@ -227,7 +255,7 @@ def _stream(plan, text: str, rng: random.Random):
     return deltas + tail, reply
 
 
-@pytest.mark.parametrize("fmt", ["hermes", "qwen3-coder", "mistral", "generic", "llama3", None])
+@pytest.mark.parametrize("fmt", [*sorted(CALLS), "llama3", None])
 @pytest.mark.parametrize("think", [False, True])
 def test_streamed_deltas_add_up_to_the_reply(fmt: str | None, think: bool) -> None:
     rng = random.Random(7)

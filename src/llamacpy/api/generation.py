@@ -135,6 +135,11 @@ class Utf8Text:
         del buf[:cut]
         return text
 
+    @property
+    def pending(self) -> bool:
+        """Bytes of an unfinished character are waiting."""
+        return bool(self._buf)
+
     def flush(self) -> str:
         text = bytes(self._buf).decode("utf-8", "replace")
         self._buf.clear()

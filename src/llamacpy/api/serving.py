@@ -73,6 +73,11 @@ class CompletionOptions:
     timeout: float | None = None
     grammar: Any = None  # a fresh GrammarMatcher (see ServingModel.grammar_matcher)
     preserved: frozenset[int] = frozenset()  # special tokens whose text the reply keeps
+    # a <think> block (open from the start with think_open) gets at most reasoning_budget
+    # tokens (-1: no limit); then budget_message and the end tag are forced
+    reasoning_budget: int = -1
+    think_open: bool = False
+    budget_message: str = ""
 
 
 @dataclass
@@ -149,6 +154,10 @@ class CompletionHandler:
         self.prompt_rows: list[np.ndarray] = []
         self.done = False
         self.request: Request | None = None
+        # reasoning budget: "idle" (no block yet), "open" (counting), "done"
+        self.think = "open" if opts.think_open else "idle"
+        self.n_think = 0
+        self.forced: list[int] = []
 
     # ------------------------------------------------------------------ SeqHandler
     def on_prompt_logits(self, pos0: int, rows: np.ndarray) -> None:
@@ -159,7 +168,9 @@ class CompletionHandler:
         opts = self.opts
         if 0 <= opts.n_predict <= len(self.tokens):
             return self._final("length", "limit")
-        token = self.chain.sample(row)
+        token = self._forced() if self.forced else None
+        if token is None:
+            token = self.chain.sample(row)
         if not self.ignore_eos and self.tok.is_eog(token):
             return self._final("stop", "eos")
         self.tokens.append(token)
@@ -175,6 +186,42 @@ class CompletionHandler:
             return self._final("stop", "word")
         if 0 <= opts.n_predict <= len(self.tokens):
             return self._final("length", "limit")
+        if opts.reasoning_budget >= 0 and self.think != "done":
+            self._budget()
+        return token
+
+    def _budget(self) -> None:
+        """Count the tokens of the reply's <think> block; at the budget, queue the forced
+        end (the budget message, then a new line and the end tag)."""
+        if self.think == "idle":
+            head = self.text.lstrip()
+            if head.startswith("<think>"):
+                self.think = "open"
+            elif head and not "<think>".startswith(head):
+                self.think = "done"
+                return
+            else:
+                return
+        if "</think>" in self.text:
+            self.think = "done"
+            return
+        self.n_think += 1
+        if self.utf8.pending:
+            return  # never cut a character in two: wait for its last byte
+        if self.n_think >= self.opts.reasoning_budget and not self.forced:
+            end = self.opts.budget_message + "\n</think>"
+            self.forced = self.tok.encode(end, add_special=False, parse_special=True)
+            self.think = "done"
+
+    def _forced(self) -> int | None:
+        """The next token of a forced reasoning end, through the grammar and penalties
+        (None: the request's grammar does not allow it, so the forcing stops)."""
+        token = self.forced.pop(0)
+        grammar = getattr(self.chain, "grammar", None)
+        if grammar is not None and not grammar.allows(token):
+            self.forced.clear()
+            return None
+        getattr(self.chain, "accept_generated", self.chain.accept)(token)
         return token
 
     def on_end(self, reason: str, message: str = "") -> None:

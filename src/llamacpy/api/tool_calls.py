@@ -417,6 +417,178 @@ class Mistral(ToolFormat):
         return [_call_from(o, ("arguments", "parameters")) for o in arr]
 
 
+class DeepSeekR1(ToolFormat):
+    """DeepSeek R1 (and its distills): calls between ``<｜tool▁calls▁begin｜>`` and
+    ``<｜tool▁calls▁end｜>``, each ``<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME`` and
+    its arguments in a json code block."""
+
+    name = "deepseek-r1"
+    CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
+    CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
+    starts = (CALLS_BEGIN, CALL_BEGIN)
+
+    def __init__(self, v31: bool = False) -> None:
+        self.v31 = v31  # DeepSeek V3.1: NAME<｜tool▁sep｜>{json}, no "function", no code block
+        if v31:
+            self.name = "deepseek-v3.1"
+
+    def calls_rule(self, g: GrammarBuilder, tools: list[Tool], parallel: bool) -> str:
+        alts = []
+        for t in tools:
+            args = g.schema(t.schema(), f"tool-{_rule_name(t.name)}-args")
+            if self.v31:
+                head = gbnf_literal(f"{self.CALL_BEGIN}{t.name}{self.SEP}")
+                tail = gbnf_literal(self.CALL_END)
+            else:
+                head = gbnf_literal(f"{self.CALL_BEGIN}function{self.SEP}{t.name}\n```json\n")
+                tail = gbnf_literal(f"\n```{self.CALL_END}")
+            alts.append(g.rule(f"tool-{_rule_name(t.name)}", f"{head} {args} {tail}"))
+        one = g.rule("tool-call", " | ".join(alts))
+        calls = f"{one} (space {one})*" if parallel else one
+        return g.rule("tool-calls", f"{gbnf_literal(self.CALLS_BEGIN)} space {calls} space "
+                      f"{gbnf_literal(self.CALLS_END)}")  # fmt: skip
+
+    _CALL = re.compile(
+        r"\s*<｜tool▁call▁begin｜>\s*function\s*<｜tool▁sep｜>([^\n]+)\n```(?:json)?\s*(.*?)\s*```"
+        r"\s*<｜tool▁call▁end｜>", re.DOTALL)  # fmt: skip
+
+    _CALL_V31 = re.compile(r"\s*<｜tool▁call▁begin｜>\s*([^<\n]+?)\s*<｜tool▁sep｜>\s*(.*?)\s*"
+                           r"<｜tool▁call▁end｜>", re.DOTALL)  # fmt: skip
+
+    def parse_calls(self, text: str, tools: list[Tool]) -> list[ToolCall]:
+        i = _skip_ws(text, 0)
+        if text.startswith(self.CALLS_BEGIN, i):
+            i += len(self.CALLS_BEGIN)
+        calls = []
+        pattern = self._CALL_V31 if self.v31 else self._CALL
+        while True:
+            m = pattern.match(text, i)
+            if m is None:
+                break
+            try:
+                calls.append(ToolCall(m.group(1).strip(), _args_text(json.loads(m.group(2)))))
+            except json.JSONDecodeError as e:
+                raise ToolSyntaxError(f"malformed JSON in a tool call: {e.msg}") from None
+            i = m.end()
+        rest = text[i:].strip()
+        if rest.startswith(self.CALLS_END):
+            rest = rest[len(self.CALLS_END) :].strip()
+        if not calls or rest:
+            raise ToolSyntaxError("malformed tool calls block")
+        return calls
+
+
+class Granite(ToolFormat):
+    """IBM Granite 3.x: ``<|tool_call|>`` and a JSON array of ``{"name", "arguments"}``."""
+
+    name = "granite"
+    starts = ("<|tool_call|>",)
+
+    def calls_rule(self, g: GrammarBuilder, tools: list[Tool], parallel: bool) -> str:
+        obj = _call_objects(g, tools, "tool", "arguments")
+        items = f'{obj} ("," space {obj})*' if parallel else obj
+        return g.rule("tool-calls", f'"<|tool_call|>" "[" space {items} space "]"')
+
+    def parse_calls(self, text: str, tools: list[Tool]) -> list[ToolCall]:
+        i = _expect(text, 0, "<|tool_call|>")
+        arr, i = _json_at(text, i)
+        if isinstance(arr, dict):
+            arr = [arr]
+        if not isinstance(arr, list) or not arr or text[i:].strip():
+            raise ToolSyntaxError("<|tool_call|> must be followed by an array of calls")
+        return [_call_from(o, ("arguments", "parameters")) for o in arr]
+
+
+class Glm(ToolFormat):
+    """GLM 4.5-4.7, Ling 3, Laguna, Spark: ``<tool_call>NAME`` then ``<arg_key>K</arg_key>
+    <arg_value>V</arg_value>`` pairs (text values as they are, others as JSON), then
+    ``</tool_call>``."""
+
+    name = "glm"
+    starts = ("<tool_call>",)
+
+    def calls_rule(self, g: GrammarBuilder, tools: list[Tool], parallel: bool) -> str:
+        text_value = g.rule("glm-arg-text", gbnf_until(g, "glm-text", "</arg_value>"))
+        fns = []
+        for t in tools:
+            tn = _rule_name(t.name)
+            required, optional = [], []
+            props = t.schema().get("properties") or {}
+            req = set(t.schema().get("required") or [])
+            for pname, pschema in props.items():
+                if _is_string_schema(pschema):
+                    value = text_value
+                else:
+                    value = g.schema(pschema, f"tool-{tn}-arg-{_rule_name(pname)}-value")
+                r = g.rule(f"tool-{tn}-arg-{_rule_name(pname)}",
+                           f'space "<arg_key>" {gbnf_literal(pname)} "</arg_key>" space '
+                           f'"<arg_value>" {value} "</arg_value>"')  # fmt: skip
+                (required if pname in req else optional).append(r)
+            body = " ".join(required)
+            if optional:
+                body += " (" + " | ".join(optional) + ")*"
+            fns.append(g.rule(f"tool-{tn}", f"{gbnf_literal(t.name)} {body} space"))
+        one = g.rule("tool-call", f'"<tool_call>" ({" | ".join(fns)}) "</tool_call>"')
+        return g.rule("tool-calls", f"{one} (space {one})*" if parallel else one)
+
+    _CALL = re.compile(r"\s*<tool_call>\s*([^\s<]+)\s*(.*?)</tool_call>", re.DOTALL)
+    _ARG = re.compile(r"\s*<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
+
+    def parse_calls(self, text: str, tools: list[Tool]) -> list[ToolCall]:
+        by_name = {t.name: t for t in tools}
+        calls, i = [], 0
+        while text[i:].strip():
+            m = self._CALL.match(text, i)
+            if m is None:
+                raise ToolSyntaxError("malformed <tool_call> block")
+            name, body = m.group(1), m.group(2)
+            props = by_name[name].schema().get("properties", {}) if name in by_name else {}
+            args: dict[str, Any] = {}
+            j = 0
+            while body[j:].strip():
+                am = self._ARG.match(body, j)
+                if am is None:
+                    raise ToolSyntaxError("malformed <arg_key>/<arg_value> in a tool call")
+                args[am.group(1).strip()] = _xml_value(am.group(2), props.get(am.group(1).strip()))
+                j = am.end()
+            calls.append(ToolCall(name, json.dumps(args, ensure_ascii=False)))
+            i = m.end()
+        if not calls:
+            raise ToolSyntaxError("no tool call")
+        return calls
+
+
+class FunctionaryV31(ToolFormat):
+    """Functionary v3.1 (Llama 3.1 based): ``<function=NAME>{json}</function>``."""
+
+    name = "functionary-v3.1"
+    starts = ("<function=",)
+
+    def calls_rule(self, g: GrammarBuilder, tools: list[Tool], parallel: bool) -> str:
+        alts = []
+        for t in tools:
+            args = g.schema(t.schema(), f"tool-{_rule_name(t.name)}-args")
+            alts.append(g.rule(f"tool-{_rule_name(t.name)}",
+                               f'{gbnf_literal(f"<function={t.name}>")} {args} "</function>"'))  # fmt: skip
+        one = g.rule("tool-call", " | ".join(alts))
+        return g.rule("tool-calls", f"{one} (space {one})*" if parallel else one)
+
+    _CALL = re.compile(r"\s*<function=([^>]+)>")
+
+    def parse_calls(self, text: str, tools: list[Tool]) -> list[ToolCall]:
+        calls, i = [], 0
+        while text[i:].strip():
+            m = self._CALL.match(text, i)
+            if m is None:
+                raise ToolSyntaxError("malformed <function=...> call")
+            args, i = _json_at(text, m.end())
+            calls.append(ToolCall(m.group(1), _args_text(args)))
+            i = _expect(text, i, "</function>")
+        if not calls:
+            raise ToolSyntaxError("no tool call")
+        return calls
+
+
 class Llama3(ToolFormat):
     name = "llama3"
     starts = ("<|python_tag|>",)
@@ -615,8 +787,16 @@ def detect_format(source: str) -> ToolFormat:
         return Harmony()
     if "<tool_call>" in source and "<function=" in source and "<parameter=" in source:
         return Qwen3Coder()
-    if "<tool_call>" in source:
+    if "<tool_call>" in source and "<arg_key>" in source:
+        return Glm()
+    if "<tool_call>" in source and "<invoke name=" not in source:
         return Hermes()
+    if "<｜tool▁calls▁begin｜>" in source:
+        return DeepSeekR1(v31="```json" not in source)
+    if "<function=" in source and "</function>" in source and "<parameter=" not in source:
+        return FunctionaryV31()
+    if "<|tool_call|>" in source:
+        return Granite()
     if "[TOOL_CALLS]" in source and "[ARGS]" not in source and "[CALL_ID]" not in source:
         return Mistral()
     if "<|start_header_id|>" in source and ("<|python_tag|>" in source or "ipython" in source):

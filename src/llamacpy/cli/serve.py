@@ -58,6 +58,8 @@ def _serve(args: argparse.Namespace) -> int:
         metrics=args.metrics,
         allowed_hosts=tuple(h.strip() for h in (args.allowed_hosts or "").split(",") if h.strip()),
         reasoning_format=args.reasoning_format,
+        reasoning_budget=args.reasoning_budget,
+        reasoning_budget_message=args.reasoning_budget_message,
     )
     defaults = sampling_params(args, {})  # the model's defaults fill the rest later
     n_ctx = args.ctx_size or 4096 * args.parallel
@@ -148,6 +150,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    choices=["none", "auto", "deepseek", "deepseek-legacy"],
                    help="chat replies' <think> blocks: 'none' leaves them in the content, the "
                    "others put them in reasoning_content (default: deepseek)")  # fmt: skip
+    p.add_argument("--reasoning-budget", type=int, default=-1,
+                   help="tokens a chat reply's <think> block may take, then its end is "
+                   "forced (-1: no limit, 0: no thinking; default: -1)")  # fmt: skip
+    p.add_argument("--reasoning-budget-message", default="",
+                   help="text written before the forced end of a reasoning block")  # fmt: skip
     p.add_argument("--metrics", action="store_true",
                    help="serve Prometheus metrics on /metrics (default: off, 501)")  # fmt: skip
     p.add_argument("-v", "--verbose", action="store_true", help="log uvicorn's events too")

@@ -52,6 +52,9 @@ class GrammarVocab:
         empty = self.off[1:] == self.off[:-1]
         # never allowed: empty pieces, invalid UTF-8; EOG tokens are decided apart
         self.excluded = empty | (prem < 0) | self.is_eog
+        # inside a partial UTF-8 sequence a token that is not valid UTF-8 on its own (a
+        # lone continuation byte) may complete it: only empty and EOG tokens are excluded
+        self.excluded_partial = empty | self.is_eog
         keys: list[tuple[int, ...]] = []
         ids = np.flatnonzero(~self.excluded)
         cpl = cps.tolist()
@@ -142,7 +145,7 @@ class GrammarMatcher:
             out[:] = False
         if self.n_remain > 0:
             self._call(K.allowed_all, self.state, self.value, self.n_remain, v.data, v.off,
-                       v.excluded, out)  # fmt: skip
+                       v.excluded_partial, out)  # fmt: skip
         else:
             self._call(mask_walk, self.state, v.trie, v.sorted_ids, v.where, out)
         if self.can_end:

@@ -55,6 +55,8 @@ class ServerConfig:
     metrics: bool = False
     allowed_hosts: tuple[str, ...] = ()  # () = the loopback names when bound to loopback
     reasoning_format: str = "deepseek"  # default of chat requests' reasoning_format
+    reasoning_budget: int = -1  # tokens a <think> block may take (-1: no limit)
+    reasoning_budget_message: str = ""  # written before the forced end of a long one
 
     def __repr__(self) -> str:  # never show the keys (logs, tracebacks)
         keys = f"<{len(self.api_keys)} key(s)>"

@@ -319,6 +319,13 @@ async def _completion(request: Request, kind: str) -> Response:
     n_want = creq.n_predict if creq.n_predict >= 0 else st.config.n_predict
     timeout = min(creq.timeout or st.config.timeout, st.config.timeout)
     preserved = m.preserved_tokens(plan.preserved) if plan is not None else frozenset()
+    budget = -1
+    if plan is not None and not plan.harmony and THINK_START in m.template.source:
+        budget = (
+            st.config.reasoning_budget if creq.reasoning_budget is None else creq.reasoning_budget
+        )
+    message = creq.budget_message
+    message = st.config.reasoning_budget_message if message is None else message
     options = []
     for k, (tokens, text) in enumerate(jobs):
         room = m.n_ctx_slot - len(tokens)
@@ -330,7 +337,8 @@ async def _completion(request: Request, kind: str) -> Response:
             text_offset=len(text) if kind == "completion" else 0,
             cache_prompt=creq.cache_prompt, id_slot=creq.id_slot if k == 0 else -1,
             timeout=timeout, grammar=grammar if k == 0 or grammar is None else grammar.clone(),
-            preserved=preserved,
+            preserved=preserved, reasoning_budget=budget, budget_message=message,
+            think_open=plan is not None and plan.think_open,
         ))  # fmt: skip
     shaper = Shaper(
         kind, creq.model or st.model_name, prompt_texts=[t for _, t in jobs], n=creq.n,

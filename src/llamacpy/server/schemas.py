@@ -207,6 +207,8 @@ class CompletionRequest:
     tool_choice: Any = None  # chat: as given (checked against the tools when planned)
     parallel_tool_calls: bool | None = None
     reasoning_format: str | None = None
+    reasoning_budget: int | None = None  # tokens of a <think> block (None: the server's)
+    budget_message: str | None = None
 
 
 def _stop(f: Fields) -> list[str]:
@@ -381,6 +383,11 @@ def parse_completion(data: dict[str, Any], kind: str, n_vocab: int) -> Completio
         r.tool_choice = f.raw("tool_choice")
         if f.has("parallel_tool_calls"):
             r.parallel_tool_calls = f.bool("parallel_tool_calls", False)
+        for name in ("reasoning_budget_tokens", "thinking_budget_tokens"):
+            if f.has(name):
+                r.reasoning_budget = f.int(name, -1, -1, 1 << 30)
+        if f.has("reasoning_budget_message"):
+            r.budget_message = f.str("reasoning_budget_message", "", MAX_STOP_LEN)
         if f.has("reasoning_format"):
             from ..api.tool_calls import REASONING_FORMATS
 
