@@ -106,3 +106,33 @@ def test_chat_response_format_errors(fresh):
     with pytest.raises(JsonSchemaError, match="#/properties/a: schema must be an object"):
         fresh.create_chat_completion(MESSAGES, max_tokens=1, response_format={
             "type": "json_object", "schema": {"properties": {"a": 3}}})  # fmt: skip
+
+
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+    "required": ["city"]}}}  # fmt: skip
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_tool_calls(fresh, stream):
+    """``tools`` with ``tool_choice`` required or named: the reply is a call to that tool
+    with arguments that fit its schema (the generic JSON format of SmolLM2's template)."""
+    msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for choice in ("required", named):
+        out = fresh.create_chat_completion(msgs, tools=[WEATHER_TOOL], tool_choice=choice,
+                                           max_tokens=96, temperature=0, stream=stream)  # fmt: skip
+        if stream:
+            chunks = list(out)
+            calls = [tc for c in chunks for tc in c["choices"][0]["delta"].get("tool_calls", [])]
+            finish = chunks[-1]["choices"][0]["finish_reason"]
+        else:
+            calls = out["choices"][0]["message"]["tool_calls"]
+            finish = out["choices"][0]["finish_reason"]
+        assert finish == "tool_calls" and len(calls) == 1
+        assert calls[0]["function"]["name"] == "get_weather"
+        jsonschema.validate(json.loads(calls[0]["function"]["arguments"]),
+                            WEATHER_TOOL["function"]["parameters"])  # fmt: skip
+    with pytest.raises(UsageError, match="not one of the 'tools'"):
+        fresh.create_chat_completion(msgs, tools=[WEATHER_TOOL], tool_choice={
+            "type": "function", "function": {"name": "nope"}})  # fmt: skip

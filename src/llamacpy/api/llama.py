@@ -21,10 +21,12 @@ from ..engine import ContextParams
 from ..engine.embeddings import POOLING_TYPES, per_token_note, pooling_name
 from ..engine.embeddings import normalize as normalize_embd
 from ..errors import UsageError
+from ..grammar.lazy import LazyGrammar
 from ..models import RopeOverrides
 from ..sampling import (
     LLAMA_DEFAULT_SEED,
     Dist,
+    GrammarSampler,
     Greedy,
     MinP,
     Mirostat,
@@ -46,9 +48,19 @@ from .generation import (
     NotSupportedError,
     Session,
 )
-from .grammar import LlamaGrammar, grammar_sampler, response_format_schema
+from .grammar import LlamaGrammar, grammar_matcher, grammar_sampler, response_format_schema
 from .model import LoadedModel, ModelInfo, load_model, metadata_strings
 from .state import LlamaState, load_session, save_session
+from .tool_calls import (
+    THINK_START,
+    Generic,
+    ReplyStream,
+    generic_messages,
+    parse_reply,
+    parse_tool_choice,
+    parse_tools,
+    plan_chat,
+)
 
 _CACHE_TYPES = {0: "f32", 1: "f16", 8: "q8_0"}  # ggml type ids llama-cpp-python passes
 _ROPE_SCALING = {-1: None, 0: "none", 1: "linear", 2: "yarn", 3: "longrope"}
@@ -507,13 +519,19 @@ class Llama:
                                      tool_choice=tool_choice, stop=stop,
                                      response_format=response_format, logprobs=logprobs,
                                      top_logprobs=top_logprobs, **kw)  # fmt: skip
-        if isinstance(tool_choice, dict):
-            raise NotSupportedError("forced tool calls are not supported yet")
+        if functions is not None and tools is None:
+            tools = [{"type": "function", "function": f} for f in functions]
+        if tools and self.chat_format.startswith("chat_template."):
+            plan = self._tool_plan(tools, tool_choice)
+            if plan.active:
+                return self._chat_with_tools(plan, messages, tools, stop, stream, logprobs,
+                                             top_logprobs, kw)  # fmt: skip
+        elif tool_choice not in (None, "auto", "none"):
+            raise NotSupportedError(f"tool_choice needs a GGUF chat template (the chat format "
+                                    f"is {self.chat_format!r})")  # fmt: skip
         schema = response_format_schema(response_format)
         if schema is not None:  # as llama-cpp-python: the response format wins over grammar
             kw["grammar"] = LlamaGrammar.from_json_schema(schema, verbose=self.verbose)
-        if functions is not None and tools is None:
-            tools = [{"type": "function", "function": f} for f in functions]
         chat = format_chat(self.chat_format, self._tokenizer, messages, tools)
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         out = self.create_completion(
@@ -522,6 +540,45 @@ class Llama:
         if stream:
             return openai.chat_chunks(out)  # type: ignore[arg-type]
         return openai.chat_completion(out)  # type: ignore[arg-type]
+
+    def _tool_plan(self, tools: Any, tool_choice: Any) -> Any:
+        """The tools' plan for the GGUF template of this chat format."""
+        key = self.chat_format.removeprefix("chat_template.")
+        template = self._tokenizer.chat_template("" if key == "default" else key)
+        parsed = parse_tools(tools)
+        mode, chosen = parse_tool_choice(tool_choice, parsed)
+        plan = plan_chat(template.source, chosen, mode,
+                         parallel=template.caps.supports_parallel_tool_calls,
+                         reasoning_format="none")  # fmt: skip
+        return plan
+
+    def _chat_with_tools(self, plan: Any, messages: Any, tools: Any, stop: Any, stream: bool,
+                         logprobs: Any, top_logprobs: Any, kw: dict[str, Any]) -> Any:  # fmt: skip
+        """A chat completion whose reply may call the tools: the format's grammar (lazy
+        with ``auto``), the reply parsed into ``tool_calls`` (``finish_reason``
+        ``tool_calls``), as llama-server answers."""
+        if isinstance(plan.fmt, Generic):
+            messages, tools = generic_messages(list(messages), plan.tools), None
+        chat = format_chat(self.chat_format, self._tokenizer, messages, tools)
+        plan.think_open = self._tokenizer.decode(chat.tokens).rstrip().endswith(THINK_START)
+        plan.build_grammar()
+        matcher = grammar_matcher(plan.grammar, self._tokenizer)
+        if plan.lazy:
+            matcher = LazyGrammar(matcher, words=plan.trigger_words,
+                                  patterns=plan.trigger_patterns)  # fmt: skip
+        kw["grammar"] = GrammarSampler(matcher)
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        out = self.create_completion(chat.tokens, stop=stops + chat.stop,
+                                     logprobs=top_logprobs if logprobs else None, **kw)  # fmt: skip
+        if stream:
+            return _tool_chunks(out, plan)  # type: ignore[arg-type]
+        comp = openai.chat_completion(out)  # type: ignore[arg-type]
+        reply = parse_reply(out["choices"][0]["text"], plan)  # type: ignore[index]
+        choice = comp["choices"][0]
+        choice["message"] = reply.message()
+        if reply.tool_calls:
+            choice["finish_reason"] = "tool_calls"
+        return comp
 
     # ------------------------------------------------------------------ embeddings
     def pooling_type(self) -> int:
@@ -634,3 +691,23 @@ def _cache_type(t: int | str | None) -> str:
     if t not in _CACHE_TYPES:
         raise UsageError(f"unsupported KV cache type id {t}; supported: {_CACHE_TYPES}")
     return _CACHE_TYPES[t]
+
+
+def _tool_chunks(chunks: Iterator[dict[str, Any]], plan: Any) -> Iterator[dict[str, Any]]:
+    """Chat chunks of a reply that may call tools: content deltas as they are certain,
+    then the calls, then the finish reason (``tool_calls`` when there are calls)."""
+    stream = ReplyStream(plan)
+    for chunk in openai.chat_chunks(chunks):
+        choice = chunk["choices"][0]
+        delta = choice["delta"]
+        if "content" in delta:
+            for d in stream.feed(delta["content"]):
+                yield {**chunk, "choices": [{**choice, "delta": d}]}
+            continue
+        if choice["finish_reason"] is not None:
+            tail, reply = stream.finish()
+            for d in tail:
+                yield {**chunk, "choices": [{**choice, "delta": d, "finish_reason": None}]}
+            if reply.tool_calls:
+                chunk = {**chunk, "choices": [{**choice, "finish_reason": "tool_calls"}]}
+        yield chunk
