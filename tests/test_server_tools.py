@@ -233,3 +233,21 @@ def test_reasoning_budget(server, template):
         assert msg["reasoning_content"].endswith("ok"), msg
         thought = server.http.post("/tokenize", json={"content": msg["reasoning_content"]})
         assert len(thought.json()["tokens"]) <= budget + 3
+
+
+def test_enable_thinking_and_reasoning_effort(server, template):
+    template("Qwen-Qwen3-0.6B.jinja")
+
+    def prompt(**extra):
+        r = server.http.post("/v1/chat/completions", json={"messages": ASK, "max_tokens": 1,
+                                                           "logprobs": True, **extra})  # fmt: skip
+        assert r.status_code == 200, r.text
+        return server.http.post("/apply-template", json={"messages": ASK, **extra}).json()["prompt"]
+
+    off = "<think>\n\n</think>"
+    assert off not in prompt()
+    assert prompt(chat_template_kwargs={"enable_thinking": False}).rstrip().endswith(off)
+    assert prompt(reasoning_effort="none").rstrip().endswith(off)
+    bad = server.http.post("/v1/chat/completions", json={
+        "messages": ASK, "chat_template_kwargs": {"enable_thinking": "no"}})  # fmt: skip
+    assert bad.status_code == 400 and "enable_thinking" in bad.text

@@ -397,6 +397,15 @@ def parse_completion(data: dict[str, Any], kind: str, n_vocab: int) -> Completio
                                   + ", ".join(REASONING_FORMATS))  # fmt: skip
         kw = f.obj("chat_template_kwargs")
         r.template_kwargs = dict(kw or {})
+        if "enable_thinking" in r.template_kwargs and not isinstance(
+            r.template_kwargs["enable_thinking"], bool
+        ):
+            raise bad_request("'chat_template_kwargs.enable_thinking' must be true or false")
+        effort = f.str("reasoning_effort", None, 100)
+        if effort == "none":  # OpenAI's reasoning_effort: "none" turns thinking off
+            r.template_kwargs["enable_thinking"] = False
+        elif effort:
+            r.template_kwargs["reasoning_effort"] = effort
     else:
         if "prompt" not in data or data["prompt"] is None:
             raise bad_request("'prompt' is required")
