@@ -107,6 +107,36 @@ def wait_idle(server, timeout: float = 10.0) -> list[dict]:
 
 
 # --------------------------------------------------------------------------- simple routes
+def test_slot_erase_and_unsupported_actions(server):
+    r = server.http.post("/completion", json={"prompt": "The sky is", "n_predict": 3,
+                                              "id_slot": 1, "temperature": 0})  # fmt: skip
+    assert r.status_code == 200
+    first = r.json()["content"]
+    wait_idle(server)
+    cached = server.http.get("/slots").json()[1]["n_past"]
+    assert cached > 0
+    r = server.http.post("/slots/1?action=erase")
+    assert r.status_code == 200 and r.json() == {"id_slot": 1, "n_erased": cached}
+    assert server.http.get("/slots").json()[1]["n_past"] == 0
+    again = server.http.post("/completion", json={"prompt": "The sky is", "n_predict": 3,
+                                                  "id_slot": 1, "temperature": 0})  # fmt: skip
+    assert again.json()["timings"]["cache_n"] == 0 and again.json()["content"] == first
+    for url, status in [("/slots/1?action=save", 501), ("/slots/1?action=restore", 501),
+                        ("/slots/9?action=erase", 400), ("/slots/x?action=erase", 400),
+                        ("/slots/0?action=explode", 400)]:  # fmt: skip
+        bad = server.http.post(url)
+        assert bad.status_code == status and "error" in bad.json(), (url, bad.text)
+
+
+def test_max_tokens_zero_gives_one_token(server):
+    """As llama-server: a limit of 0 still samples one token, then stops with length."""
+    r = server.client.chat.completions.create(model="x", messages=[{"role": "user",
+                                              "content": "hi"}], max_tokens=0)  # fmt: skip
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 1
+    n = server.http.post("/completion", json={"prompt": "hi", "n_predict": 0}).json()
+    assert n["tokens_predicted"] == 1 and n["stop_type"] == "limit"
+
+
 def test_health_models_props_slots(server):
     assert httpx.get(server.base + "/health").json() == {"status": "ok"}  # public
     models = server.client.models.list()

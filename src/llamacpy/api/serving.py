@@ -166,8 +166,8 @@ class CompletionHandler:
 
     def on_logits(self, row: np.ndarray) -> int | None:
         opts = self.opts
-        if 0 <= opts.n_predict <= len(self.tokens):
-            return self._final("length", "limit")
+        if self.tokens and 0 <= opts.n_predict <= len(self.tokens):
+            return self._final("length", "limit")  # n_predict 0 gives one token (llama-server)
         token = self._forced() if self.forced else None
         if token is None:
             token = self.chain.sample(row)

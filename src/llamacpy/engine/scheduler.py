@@ -173,6 +173,7 @@ class Scheduler:
         self._stopped = False
         self._thread: threading.Thread | None = None
         self._hook = None  # tests: called with each batch before decoding
+        self._erases: list[tuple[int, Any]] = []  # (slot, callback) waiting for the engine
 
     # ------------------------------------------------------------------ public API
     def start(self) -> Scheduler:
@@ -215,6 +216,35 @@ class Scheduler:
             req.aborted = True
             self._aborts = True
             self._cond.notify()
+
+    def erase(self, slot: int, done: Any) -> None:
+        """Forget slot ``slot``'s cached tokens (thread-safe), once it is idle;
+        ``done(n_erased)`` is then called on the engine thread."""
+        if not 0 <= slot < len(self.slots):
+            raise UsageError(f"Invalid slot ID {slot} (the server has {len(self.slots)} slots)")
+        with self._cond:
+            self._erases.append((slot, done))
+            self._cond.notify()
+
+    def _service(self) -> None:
+        """Run the erases whose slots are idle (the others wait, as llama-server defers)."""
+        with self._cond:
+            todo, self._erases = self._erases, []
+        later = []
+        for sid, done in todo:
+            s = self.slots[sid]
+            if s.busy:
+                later.append((sid, done))
+                continue
+            n = len(s.tokens)
+            self._reset_slot(s)
+            try:
+                done(n)
+            except Exception:
+                pass
+        if later:
+            with self._cond:
+                self._erases[:0] = later
 
     @property
     def n_queued(self) -> int:
@@ -271,12 +301,20 @@ class Scheduler:
                 self._end(s.request, "shutdown")
         while self._queue:
             self._end(self._queue.popleft(), "shutdown")
+        with self._cond:
+            todo, self._erases = self._erases, []
+        for _, done in todo:  # never left waiting: -1 says nothing was erased
+            try:
+                done(-1)
+            except Exception:
+                pass
 
     # ------------------------------------------------------------------ engine thread
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not (self._stopped or self._queue or self._aborts or self.n_processing):
+                while not (self._stopped or self._queue or self._aborts or self.n_processing
+                           or self._erases):  # fmt: skip
                     self._cond.wait()
                 if self._stopped:
                     break
@@ -297,6 +335,8 @@ class Scheduler:
 
     def step(self) -> bool:
         """One scheduling step; returns False when there was nothing to decode."""
+        if self._erases:
+            self._service()
         self._reap()
         self._admit()
         batch, owners = self._plan()

@@ -3,6 +3,7 @@ the engine thread does all decoding."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import math
 from collections.abc import AsyncIterator
@@ -163,6 +164,35 @@ async def props(request: Request) -> Response:
 async def slots(request: Request) -> Response:
     m = _state(request).generator()
     return JSONResponse(m.scheduler.info())
+
+
+async def slot_action(request: Request) -> Response:
+    """``POST /slots/{id}?action=erase``: forget the slot's cached prompt once it is idle
+    (``{"id_slot", "n_erased"}``); ``save`` / ``restore`` are not supported (501)."""
+    m = _state(request).generator()
+    try:
+        sid = int(request.path_params["id_slot"])
+    except ValueError:
+        raise bad_request("Invalid slot ID") from None
+    action = request.query_params.get("action", "")
+    if action in ("save", "restore"):
+        raise APIError(501, f"slot {action} is not supported by this server")
+    if action != "erase":
+        raise bad_request("Invalid action: 'action' must be erase, save or restore")
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[int] = loop.create_future()
+
+    def done(n: int) -> None:
+        loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(n))
+
+    try:
+        m.scheduler.erase(sid, done)
+    except LlamacpyError as e:
+        raise bad_request(str(e)) from None
+    n = await fut
+    if n < 0:
+        raise APIError(503, "the server is shutting down")
+    return JSONResponse({"id_slot": sid, "n_erased": n})
 
 
 async def metrics_route(request: Request) -> Response:
@@ -498,6 +528,7 @@ ROUTES = [
     Route("/v1/models/{model_id:path}", model, methods=["GET"]),
     Route("/props", props, methods=["GET"]),
     Route("/slots", slots, methods=["GET"]),
+    Route("/slots/{id_slot}", slot_action, methods=["POST"]),
     Route("/metrics", metrics_route, methods=["GET"]),
     Route("/completion", completion, methods=["POST"]),
     Route("/completions", completion, methods=["POST"]),
