@@ -72,7 +72,27 @@ def test_run_accepts_no_cnv_fa_and_no_warmup():
 
     args = cli.build_parser("run").parse_args(["run", "-m", "x", "-no-cnv", "-fa", "--no-warmup"])
     assert args.compat_no_conversation and args.compat_flash_attn == "on"
-    assert args.compat_no_warmup
+    assert args.no_warmup and not hasattr(args, "compat_no_warmup")  # a real flag here
+    assert "warm" not in " ".join(cli.compat_notes(args))
+
+
+def test_warm_up_leaves_an_empty_cache_and_the_same_logits(smollm2_path):
+    """The warm-up decode leaves nothing behind: the next prompt's logits are those of a
+    fresh context, bit for bit."""
+    import numpy as np
+
+    from llamacpy.api.generation import warm_up
+    from llamacpy.api.model import load_model
+    from llamacpy.engine import Batch, ContextParams
+
+    params = ContextParams(n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1, n_threads_batch=1)
+    model = load_model(str(smollm2_path), params)
+    ids = model.tokenizer.encode("The sky is blue because", add_special=True)
+    cold = np.array(model.ctx.decode(Batch.from_tokens(ids)))
+    model.ctx.clear()
+    warm_up(model.ctx, model.tokenizer)
+    assert model.ctx.kv.seq_pos_max(0) == -1
+    assert np.array_equal(np.array(model.ctx.decode(Batch.from_tokens(ids))), cold)
 
 
 @pytest.mark.parametrize("token", ["-nkvx", "-ngx", "-tb2x"])

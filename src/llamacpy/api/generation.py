@@ -110,6 +110,17 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
+def warm_up(ctx: Any, tok: Any) -> None:
+    """llama.cpp's warm-up run: a two-token decode and a one-token decode (so the kernels of
+    both paths are loaded), then an empty cache; the first prompt's timing is then the
+    prompt's alone."""
+    first = tok.bos if tok.bos >= 0 else 0
+    last = tok.eos if tok.eos >= 0 else first
+    ctx.decode(Batch.from_tokens([first, last]))
+    ctx.decode(Batch().add(first, 2, 0, True))
+    ctx.clear()
+
+
 class Utf8Text:
     """Bytes in, text out: releases only complete UTF-8 characters (invalid bytes -> U+FFFD)."""
 

@@ -136,6 +136,13 @@ def context_params(args: argparse.Namespace, **fields: object) -> Any:
     return ContextParams(**(flags | fields))
 
 
+def add_warmup_arg(p: argparse.ArgumentParser) -> None:
+    """``--no-warmup``: skip the warm-up decode (see :func:`llamacpy.api.generation.warm_up`)."""
+    p.add_argument("--no-warmup", action="store_true",
+                   help="skip the warm-up decode (the first prompt's time then includes "
+                   "loading the kernels)")  # fmt: skip
+
+
 def add_compat_args(p: argparse.ArgumentParser, *, flash_attn: bool = True,
                     conversation: bool = False, warmup: bool = True) -> None:  # fmt: skip
     """llama.cpp's GPU and flash-attention flags, accepted and noted (see :func:`compat_notes`)."""
@@ -165,8 +172,10 @@ def compat_notes(args: argparse.Namespace) -> list[str]:
     if not given:
         return []
     names = ", ".join("--" + k.replace("_", "-") for k in given)
-    return [f"llamacpy: note: {names}: no effect here (CPU engine; flash-attention numerics "
-            "always; no warm-up run)"]  # fmt: skip
+    why = "CPU engine; flash-attention numerics always" + (
+        "; no warm-up run" if "no_warmup" in given else ""
+    )
+    return [f"llamacpy: note: {names}: no effect here ({why})"]
 
 
 def _unknown_fused_option(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:

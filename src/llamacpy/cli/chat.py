@@ -14,7 +14,7 @@ import sys
 from typing import Any, TextIO
 
 from ..errors import LlamacpyError
-from . import add_compat_args
+from . import add_compat_args, add_warmup_arg
 from .run import (
     add_model_args,
     add_sampling_args,
@@ -157,5 +157,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-n", "--predict", "--n-predict", dest="n_predict", type=int, default=-1,
                    help="most tokens per reply (default: -1 = until end of turn)")  # fmt: skip
     add_sampling_args(p)
-    add_compat_args(p)
+    add_warmup_arg(p)
+    add_compat_args(p, warmup=False)
     p.set_defaults(func=_chat)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import LlamacpyError, UsageError
-from . import add_compat_args, add_context_args, context_params
+from . import add_compat_args, add_context_args, add_warmup_arg, context_params
 
 # flag -> (SamplingParams field, type, help)
 _SAMPLING_FLAGS: list[tuple[tuple[str, ...], str, type, str]] = [
@@ -238,6 +238,10 @@ def load(args: argparse.Namespace) -> Any:
 
     params = context_params(args, use_mmap=args.mmap, use_mlock=args.mlock)
     model = load_model(args.model, params)
+    if not getattr(args, "no_warmup", True):
+        from ..api.generation import warm_up
+
+        warm_up(model.ctx, model.tokenizer)
     if args.verbose:
         ctx = model.ctx
         print(f"llamacpy: {model.info.desc} from {model.info.path}: n_ctx = {ctx.n_ctx}, "
@@ -349,5 +353,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-escape", dest="escape", action="store_false")
     add_sampling_args(p)
     add_grammar_args(p)
-    add_compat_args(p, conversation=True)
+    add_warmup_arg(p)
+    add_compat_args(p, conversation=True, warmup=False)
     p.set_defaults(func=_run)

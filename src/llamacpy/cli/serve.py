@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
-from . import add_compat_args, add_context_args, context_params
+from . import add_compat_args, add_context_args, add_warmup_arg, context_params
 from .run import add_sampling_args, sampling_params
 
 
@@ -78,6 +78,10 @@ def _serve(args: argparse.Namespace) -> int:
         m = ServingModel.load(str(model_path), params, n_parallel=args.parallel,
                               max_queue=args.max_queue, chat_template=args.chat_template,
                               sampling_defaults=defaults)  # fmt: skip
+        if not args.no_warmup:  # before the first request: it is not slowed by the kernels
+            from ..api.generation import warm_up
+
+            warm_up(m.ctx, m.tokenizer)
         return m, None
 
     state = ServerState(config, loader=load, model_name=args.alias or model_path.name)
@@ -162,5 +166,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="no access log (default: one line per request on stderr: client, "
                    "method, path, status, duration, tokens)")  # fmt: skip
     add_sampling_args(p)
-    add_compat_args(p)
+    add_warmup_arg(p)
+    add_compat_args(p, warmup=False)
     p.set_defaults(func=_serve)
