@@ -1,7 +1,12 @@
-"""Grammar mask speed: ms per full-vocabulary mask for llama.cpp's json.gbnf, llamacpy vs
-llama.cpp, on SmolLM2-135M's 49152-token and Gemma-3-270M's 262144-token vocabularies.
+"""Grammar mask speed: ms per full-vocabulary mask for llama.cpp's json.gbnf (or a tool-call
+grammar), llamacpy vs llama.cpp, on SmolLM2-135M's 49152-token and Gemma-3-270M's
+262144-token vocabularies.
 
-    .venv/bin/python benchmarks/bench_grammar.py [--repeat 2]
+    .venv/bin/python benchmarks/bench_grammar.py [--repeat 2] [--grammar json|tools]
+
+``--grammar tools``: the grammar the server builds for ``tool_choice: required`` with 24
+tools of 2-6 typed parameters each (Hermes ``<tool_call>`` format), and one call as the
+document.
 
 A JSON document (nested objects, arrays, strings with escapes and non-ASCII, numbers) is
 tokenized with the model's tokenizer; at every token position the grammar state after the
@@ -25,6 +30,7 @@ import argparse
 import json
 import os
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -50,6 +56,28 @@ DOC = json.dumps(
         "spouse": None,
     }
 )
+
+
+def tool_case() -> tuple[str, str]:
+    """The Hermes tool-call grammar of 24 synthetic tools, and a call of one of them."""
+    from llamacpy.api.tool_calls import parse_tools, plan_chat
+
+    kinds = [{"type": "string"}, {"type": "integer", "minimum": 0}, {"type": "number"},
+             {"type": "boolean"}, {"type": "string", "enum": ["low", "mid", "high"]},
+             {"type": "array", "items": {"type": "string"}, "maxItems": 8}]  # fmt: skip
+    tools = []
+    for i in range(24):
+        props = {f"p{j}_{i}": kinds[(i + j) % len(kinds)] for j in range(2 + i % 5)}
+        tools.append({"type": "function", "function": {
+            "name": f"tool_{i}", "description": f"tool number {i}", "parameters": {
+                "type": "object", "properties": props, "required": list(props)[:2]}}})  # fmt: skip
+    plan = plan_chat("<tool_call>", parse_tools(tools), "required", parallel=True)
+    plan.build_grammar()
+    call = {"name": "tool_9", "arguments": {"p0_9": True, "p1_9": "high",
+            "p2_9": ["Zürich", 'a "quoted" word'], "p3_9": "Ada Lovelace, 1815",
+            "p4_9": 1843, "p5_9": -0.125}}  # fmt: skip
+    return plan.grammar, "<tool_call>\n" + json.dumps(call) + "\n</tool_call>"
+
 
 ORACLE = r"""
 import ctypes, json, sys, time
@@ -81,11 +109,11 @@ def stats(ms: list[float]) -> str:
     return f"median {np.median(a):8.3f} ms  p99 {np.percentile(a, 99):8.3f} ms  mean {a.mean():8.3f} ms"
 
 
-def ours(tok: Tokenizer, ids: list[int], repeat: int) -> dict:
+def ours(tok: Tokenizer, ids: list[int], repeat: int, grammar: str) -> dict:
     t0 = time.perf_counter()
     vocab = GrammarVocab([tok.token_to_piece(t, special=True) for t in range(tok.n_vocab)], tok.eog)
     build_s = time.perf_counter() - t0
-    m = GrammarMatcher(parse_grammar(GRAMMAR.read_text()), vocab)
+    m = GrammarMatcher(parse_grammar(grammar), vocab)
     out = np.zeros(vocab.n_vocab, np.bool_)
     passes, allows_ms, accept_ms, n_allowed = [], [], [], []
     for p in range(repeat):
@@ -110,26 +138,38 @@ def ours(tok: Tokenizer, ids: list[int], repeat: int) -> dict:
             "accept_ms": accept_ms, "n_allowed": n_allowed}  # fmt: skip
 
 
-def oracle(path: Path, ids: list[int]) -> dict | None:
+def oracle(path: Path, ids: list[int], grammar: str) -> dict | None:
     py = Path(ORACLE_PY) / "bin" / "python"
     if not py.exists():
         return None
-    proc = subprocess.run([str(py), "-c", ORACLE, str(path), str(GRAMMAR), json.dumps(ids)],
-                          capture_output=True, text=True, check=True)  # fmt: skip
+    with tempfile.NamedTemporaryFile("w", suffix=".gbnf", delete=False) as f:
+        f.write(grammar)
+    try:
+        proc = subprocess.run([str(py), "-c", ORACLE, str(path), f.name, json.dumps(ids)],
+                              capture_output=True, text=True, check=True)  # fmt: skip
+    finally:
+        os.unlink(f.name)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeat", type=int, default=2, help="passes over the document (>= 2)")
+    ap.add_argument("--grammar", choices=["json", "tools"], default="json")
     args = ap.parse_args()
     registry = ModelRegistry.from_environment()
-    print(f"document: {len(DOC)} characters of JSON; grammar: {GRAMMAR.name}")
+    if args.grammar == "tools":
+        grammar, doc = tool_case()
+        print(f"document: a {len(doc)}-character tool call; grammar: 24 tools, "
+              f"{len(grammar)} characters")  # fmt: skip
+    else:
+        grammar, doc = GRAMMAR.read_text(), DOC
+        print(f"document: {len(DOC)} characters of JSON; grammar: {GRAMMAR.name}")
     for name in MODELS:
         path = registry.pull(name, quiet=True)
         tok = Tokenizer.from_gguf(path)
-        ids = tok.encode(DOC, add_special=False, parse_special=False)
-        r = ours(tok, ids, max(2, args.repeat))
+        ids = tok.encode(doc, add_special=False, parse_special=False)
+        r = ours(tok, ids, max(2, args.repeat), grammar)
         print(f"\n{name}: vocabulary {tok.n_vocab}, {len(ids)} positions, trie built in "
               f"{r['build_s']:.2f} s, allowed tokens per position: median "
               f"{int(np.median(r['n_allowed']))}")  # fmt: skip
@@ -137,7 +177,7 @@ def main() -> None:
         print(f"  ours mask, memoized    {stats(r['passes'][-1])}")
         print(f"  ours allows (1 token)  {stats(r['allows_ms'])}")
         print(f"  ours accept            {stats(r['accept_ms'])}")
-        o = oracle(path, ids)
+        o = oracle(path, ids, grammar)
         if o is None:
             continue
         print(f"  llama.cpp apply (mask) {stats(o['apply_ms'])}")
