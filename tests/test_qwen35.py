@@ -1,7 +1,7 @@
 """qwen35 (Qwen3.5 dense: Gated DeltaNet + gated full attention) through the numpy
 specification (``models/reference.py``) and the engine's hybrid memory, and qwen35moe
-(the same layers with routed experts and a gated shared expert for the FFN) through the
-engine, against llama.cpp's logits (``tests/fixtures/engine/{arch}_logits.npz``,
+(the same layers with routed experts and a gated shared expert for the FFN) and lfm2
+(short gated convolutions + attention) through the engine, against llama.cpp's logits (``tests/fixtures/engine/{arch}_logits.npz``,
 ``scripts/make_qwen35_fixtures.py``)."""
 
 from __future__ import annotations
@@ -18,14 +18,15 @@ from llamacpy.engine.batch import Batch
 from llamacpy.errors import ModelError
 from llamacpy.gguf import GGMLType, GGUFReader, GGUFValueType, GGUFWriter
 from llamacpy.models.reference import Reference
-from llamacpy.models.tiny import write_tiny_qwen35, write_tiny_qwen35moe
+from llamacpy.models.tiny import write_tiny_lfm2, write_tiny_qwen35, write_tiny_qwen35moe
 
 FIXES = {
     arch: np.load(Path(__file__).parent / "fixtures" / "engine" / f"{arch}_logits.npz")
-    for arch in ("qwen35", "qwen35moe")
+    for arch in ("qwen35", "qwen35moe", "lfm2")
 }
 FIX = FIXES["qwen35"]
-WRITERS = {"qwen35": write_tiny_qwen35, "qwen35moe": write_tiny_qwen35moe}
+WRITERS = {"qwen35": write_tiny_qwen35, "qwen35moe": write_tiny_qwen35moe,
+           "lfm2": write_tiny_lfm2}  # fmt: skip
 SEED = 3
 TOKENS, PROMPT = FIX["tokens"].tolist(), FIX["prompt"].tolist()
 RTOL = {"F32": 5e-4, "Q8_0": 1e-5}  # of max |logit| (measured: 4.5e-5, 1.1e-7)
@@ -227,6 +228,8 @@ MISSING = [
     (write_tiny_qwen35moe, "blk.3.attn_q_norm.weight", r"layer 3 is a full-attention"),
     (write_tiny_qwen35moe, "blk.2.ffn_gate_inp_shexp.weight", r"required by qwen35moe"),
     (write_tiny_qwen35moe, "blk.0.ffn_down_exps.weight", r"required by qwen35moe"),
+    (write_tiny_lfm2, "blk.1.shortconv.in_proj.weight", r"layer 1 is a convolution layer"),
+    (write_tiny_lfm2, "blk.2.attn_k_norm.weight", r"layer 2 is an attention layer"),
 ]
 
 
@@ -263,3 +266,30 @@ def test_a_two_dimensional_shared_expert_gate_loads(tmp_path) -> None:
     assert GGUFReader(dst).tensor("blk.0." + gate).shape == (256, 1)
     got = [_ctx(p).decode(Batch.from_tokens(TOKENS[:6], logits="all")) for p in (src, dst)]
     np.testing.assert_array_equal(got[0], got[1])
+
+
+def test_per_layer_kv_heads_only_for_hybrids(tmp_path) -> None:
+    """A head_count_kv array with zeros is a hybrid's (lfm2); elsewhere it is refused by
+    name, and lfm2 checks its length."""
+    from llamacpy.models.tiny import write_tiny_llama
+
+    src = tmp_path / "llama.gguf"
+    write_tiny_llama(src, GGMLType.F32, seed=1)
+    r = GGUFReader(src)
+    w = GGUFWriter(tmp_path / "edited.gguf")
+    n_layer = int(r.metadata["llama.block_count"])
+    for f in r.fields.values():
+        if f.key == "llama.attention.head_count_kv":
+            w.add(f.key, np.array([0] + [2] * (n_layer - 1), np.uint32))
+        else:
+            w.add_field(f)
+    for info in r.tensors:
+        w.add_tensor_info(info)
+    w.write()
+    with pytest.raises(ModelError, match=r"per-layer values \[0, 2\].*head_count_kv"):
+        Context(tmp_path / "edited.gguf", ContextParams(n_ctx=32))
+    _r, w = _copy(tmp_path, GGMLType.F32, writer=write_tiny_lfm2)
+    w.add("lfm2.attention.head_count_kv", np.array([0, 0, 2], np.uint32))
+    w.write()
+    with pytest.raises(ModelError, match="has 3 entries for 4 layers"):
+        Context(tmp_path / "edited.gguf", ContextParams(n_ctx=32))

@@ -47,7 +47,11 @@ class HParams:
         get = _Getter(metadata, arch)
         n_embd = get.int("embedding_length")
         n_head = get.int("attention.head_count")
-        n_head_kv = get.int("attention.head_count_kv", default=n_head)
+        kv_layers = _kv_heads_per_layer(metadata, arch)
+        if kv_layers is not None:  # hybrids: 0 in the layers without attention
+            n_head_kv = max(kv_layers)
+        else:
+            n_head_kv = get.int("attention.head_count_kv", default=n_head)
         if n_head_kv > n_head or n_head % n_head_kv:
             raise ModelError(
                 f"attention.head_count ({n_head}) is not a multiple of "
@@ -89,6 +93,7 @@ class HParams:
             rope_freq_scale=1.0 / scale_factor if scale_factor > 0 else 1.0,
             norm_rms_eps=get.float("attention.layer_norm_rms_epsilon", default=1e-5, positive=True),
             n_swa=get.int("attention.sliding_window", default=0, minimum=0),
+            extra={} if kv_layers is None else {"kv_heads_per_layer": kv_layers},
         )
 
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
@@ -114,6 +119,22 @@ class HParams:
     def n_embd_o(self) -> int:
         """Columns of ``attn_output``: the attention output of all heads."""
         return self.n_head * self.n_embd_head_v
+
+
+def _kv_heads_per_layer(metadata: Mapping[str, Any], arch: str) -> tuple[int, ...] | None:
+    """``attention.head_count_kv`` given per layer with zeros (a hybrid's layers without
+    attention) and one count elsewhere; None for a single count (or no key)."""
+    key = f"{arch}.attention.head_count_kv"
+    v = metadata.get(key)
+    if not isinstance(v, np.ndarray | list) or not len(v):
+        return None
+    counts = tuple(int(x) for x in v)
+    nonzero = {c for c in counts if c}
+    if 0 not in counts:
+        return None  # (the getter checks that the layers agree)
+    if len(nonzero) != 1 or min(counts) < 0:
+        raise ModelError(f"per-layer values {sorted(set(counts))} are not supported (key {key!r})")
+    return counts
 
 
 class _Getter:

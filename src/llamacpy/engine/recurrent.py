@@ -60,10 +60,11 @@ class RecurrentMemory(Memory):
         n_seq_max: int = 1,
         zeros=lazy_zeros,
     ) -> None:
-        if n_layer < 1 or conv_size < 1 or ssm_size < 1 or n_seq_max < 1:
+        if n_layer < 1 or conv_size < 1 or ssm_size < 0 or n_seq_max < 1:
             raise UsageError(
-                "a recurrent memory needs at least one layer, sequence and state element "
-                f"(layers {n_layer}, conv {conv_size}, ssm {ssm_size}, sequences {n_seq_max})"
+                "a recurrent memory needs at least one layer, sequence and convolution "
+                f"element (layers {n_layer}, conv {conv_size}, ssm {ssm_size}, sequences "
+                f"{n_seq_max}; ssm 0: convolution states only, as LFM2's)"
             )
         self.n_layer, self.n_seq_max = n_layer, n_seq_max
         self.conv_size, self.ssm_size = conv_size, ssm_size

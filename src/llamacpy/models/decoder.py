@@ -107,6 +107,8 @@ class Decoder:
     expert_weights_scale: ClassVar[float] = 0.0
     expert_gating: ClassVar[int] = stages.GATING_SOFTMAX  # router logits -> weights
     expert_act: ClassVar[int] = stages.ACT_SWIGLU  # the experts' activation
+    # attention.head_count_kv may give 0 for the layers without attention (hybrids)
+    per_layer_kv_heads: ClassVar[bool] = False
 
     # ------------------------------------------------------------------ numeric choices
     def attention_scales(self) -> tuple[float, float]:
@@ -160,6 +162,17 @@ class Decoder:
         if cls.variant(md) is not cls:
             return cls.variant(md).check(md, shapes)
         hp = cls.derived(read_hparams(cls.arch, md, shapes, cls.params))
+        per_layer = hp.extra.get("kv_heads_per_layer")
+        if per_layer is not None and not cls.per_layer_kv_heads:
+            raise ModelError(
+                f"per-layer values {sorted(set(per_layer))} are not supported (key "
+                f"'{cls.arch}.attention.head_count_kv')"
+            )
+        if per_layer is not None and len(per_layer) != hp.n_layer:
+            raise ModelError(
+                f"'{cls.arch}.attention.head_count_kv' has {len(per_layer)} entries for "
+                f"{hp.n_layer} layers"
+            )
         check_tensors(cls.arch, hp, cls.tensors, shapes, cls.unsupported)
         d = hp.n_embd_head_k
         if cls.partial_rope:
@@ -425,6 +438,7 @@ class Workspace:
         self.n_tokens, self.n_threads = n_tokens, n_threads
         self.x = z((n_tokens, e), np.float32)
         self.xn = z((n_tokens, kmax), np.float32)
+        channels = max(channels, hp.extra.get("q_width", 0))  # lfm2: b | c | x
         self.q = z((n_tokens, max(qd + gate, channels)), np.float32)
         self.k = z((n_tokens, _pad16(kvd)), np.float32)
         self.v = z((n_tokens, _pad16(kvd)), np.float32)

@@ -462,6 +462,31 @@ def delta_net_out(r: Reference, p: Pass, L) -> None:
     p.x = p.x + r.mm(L["ssm_out"], p.att)
 
 
+# ----------------------------------------------------------------------------- short convolution
+def shortconv_in(r: Reference, p: Pass, L) -> None:
+    """``b | c | x = h . shortconv.in_proj`` (in ``q``)."""
+    p.q = r.mm(L["attn_qkv"], p.h)
+
+
+def shortconv_conv(r: Reference, p: Pass, L) -> None:
+    """``y = c * conv(b * x)`` over each token's state row (in ``att``)."""
+    e, taps = int(r.M["n_embd"]), int(r.M["ssm_d_conv"])
+    conv, _rows2, rows = p.states
+    w = r.vec(L["ssm_conv1d"], e * taps).reshape(e, taps)
+    b, gate, x = p.q[:, :e], p.q[:, e : 2 * e], p.q[:, 2 * e : 3 * e]
+    bx = (b * x).astype(_F32)
+    out = np.zeros((len(p.q), e), _F32)
+    for t, row in enumerate(rows):
+        state = conv[int(L["kv_index"]), row].reshape(e, taps - 1)
+        out[t] = conv1d_step(state, bx[t], w)
+    p.att = (gate * out).astype(_F32)
+
+
+def shortconv_out(r: Reference, p: Pass, L) -> None:
+    """``x += y . shortconv.out_proj``."""
+    p.x = (p.x + r.mm(L["ssm_out"], p.att)).astype(_F32)
+
+
 Stage = Callable[[Reference, Pass, np.void], None]
 # stage name (as in an architecture's block) -> its numpy function
 STAGES: dict[str, Stage] = {
@@ -496,5 +521,8 @@ STAGES: dict[str, Stage] = {
         delta_net_conv,
         delta_net_rule,
         delta_net_out,
+        shortconv_in,
+        shortconv_conv,
+        shortconv_out,
     )
 }

@@ -781,6 +781,43 @@ def delta_net_out(c, L, clk):
     return _proj_residual(c, L.ssm_out, NONE, P_OUT_PROJ, clk)
 
 
+# ----------------------------------------------------------------------------- short convolution
+# LFM2's convolution layers: b | c | x in Q, b * x then its convolution in XN, y in ATT; the
+# state rows are the second memory part's KC (``kv_swa``), each token's row in ``cells``.
+@njit(cache=True)
+def shortconv_in(c, L, clk):
+    """``b | c | x = h . shortconv.in_proj``."""
+    _mm(c, L.attn_qkv, c.Q, False)
+    return _sync(c, tick(c.prof, c.tid, P_QKV, clk))
+
+
+@njit(cache=True)
+def shortconv_conv(c, L, clk):
+    """``y = c * conv(b * x)``: the causal convolution of each channel over its state row
+    (threads split the channels)."""
+    M = c.M
+    e, taps, n = M.n_embd, M.ssm_d_conv, c.st.n_rows
+    state = _state_rows(c, L, c.kv_swa.KC, c.kvi[7]).reshape(c.kvi[6], e, taps - 1)
+    w = c.NF[L.ssm_conv1d : L.ssm_conv1d + e * taps].reshape(e, taps)
+    g0, g1 = split(e // 16, c.tid, c.nth)
+    c0, c1 = 16 * g0, 16 * g1
+    for t in range(n):
+        for i in range(c0, c1):
+            c.XN[t, i] = c.Q[t, i] * c.Q[t, 2 * e + i]
+    conv_tokens(c.XN, n, c.kv_swa.cells, state, w, c.XN, c0, c1)
+    for t in range(n):
+        for i in range(c0, c1):
+            c.ATT[t, i] = c.Q[t, e + i] * c.XN[t, i]
+    return _sync(c, tick(c.prof, c.tid, P_ROPE, clk))
+
+
+@njit(cache=True)
+def shortconv_out(c, L, clk):
+    """``x += y . shortconv.out_proj``."""
+    clk = _quantize_in(c, c.ATT, c.M.n_embd, L.need_out, P_OUT_PROJ, clk)
+    return _proj_residual(c, L.ssm_out, NONE, P_OUT_PROJ, clk)
+
+
 @njit(cache=True)
 def head(c, clk):
     """Logits of the output rows: ``rms_norm(x) * output_norm . output`` (soft-capped)."""
