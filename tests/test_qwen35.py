@@ -293,3 +293,41 @@ def test_per_layer_kv_heads_only_for_hybrids(tmp_path) -> None:
     w.write()
     with pytest.raises(ModelError, match="has 3 entries for 4 layers"):
         Context(tmp_path / "edited.gguf", ContextParams(n_ctx=32))
+
+
+@pytest.mark.parametrize("writer", [write_tiny_lfm2, write_tiny_qwen35], ids=["lfm2", "qwen35"])
+def test_server_resumes_a_diverging_prompt_from_a_checkpoint(tmp_path, writer) -> None:
+    """A hybrid's state cannot be rewound: the server keeps a checkpoint of each prompt's
+    state a few tokens before its end, so a next prompt that departs from the cached one
+    after that point (a chat's next turn re-rendering the reply) decodes only its tail,
+    and answers exactly as from scratch."""
+    import httpx
+
+    from llamacpy.api.serving import ServingModel
+    from llamacpy.engine.scheduler import CHECKPOINT_BACK
+    from llamacpy.server import ServerConfig, ServerState
+    from test_server import running
+
+    path = tmp_path / "hybrid.gguf"
+    writer(path, GGMLType.Q8_0, seed=SEED)
+    first = [(7 * i + 3) % 250 + 1 for i in range(40)]
+    second = [*first[:-3], 11, 12, 13, 14, 15]
+    body = {"n_predict": 6, "temperature": 0, "return_tokens": True}
+
+    def serve():
+        params = ContextParams(n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1)
+        model = ServingModel.load(str(path), params, n_parallel=1, max_queue=2)
+        return running(ServerState(ServerConfig(timeout=120), model, model_name="m"))
+
+    with serve() as base:
+        http = httpx.Client(base_url=base, timeout=120)
+        http.post("/completion", json={"prompt": first, **body})
+        again = http.post("/completion", json={"prompt": second, **body}).json()
+        diverged = http.post("/completion", json={"prompt": [5, *second[1:]], **body}).json()
+    assert again["timings"]["cache_n"] == len(first) - CHECKPOINT_BACK
+    assert diverged["timings"]["cache_n"] == 0  # no checkpoint fits: from the start
+    with serve() as base:
+        fresh = httpx.Client(base_url=base, timeout=120).post(
+            "/completion", json={"prompt": second, **body}).json()  # fmt: skip
+    assert fresh["timings"]["cache_n"] == 0
+    assert again["tokens"] == fresh["tokens"] and again["content"] == fresh["content"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from typing import Any
 
 import numpy as np
 
@@ -192,6 +193,19 @@ class Context:
         """How many of a cached sequence's first ``n`` positions a continuation can keep
         (``n``, or 0 when a sliding-window cache no longer holds what it needs)."""
         return self.kv.n_keep(seq_id, n)
+
+    @property
+    def can_snapshot(self) -> bool:
+        """The memory keeps states that cannot be rewound, but can be copied and put back
+        (:meth:`seq_snapshot`, :meth:`seq_restore`): the servers' prefix checkpoints."""
+        return hasattr(self.kv, "snapshot")
+
+    def seq_snapshot(self, seq_id: int) -> Any:
+        return self.kv.snapshot(seq_id)
+
+    def seq_restore(self, seq_id: int, snap: Any) -> int:
+        """Back to a snapshot; returns the positions the sequence holds after it."""
+        return self.kv.restore(seq_id, snap)
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         self.kv.seq_cp(src, dst, p0, p1)

@@ -31,6 +31,7 @@ its sliding-window part, holds the recurrent part (float32 rows as bytes), and i
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -146,6 +147,24 @@ class RecurrentMemory(Memory):
         """``n`` when the state is exactly the first ``n`` positions (the continuation
         starts right after it), else 0: a state cannot be rewound."""
         return n if n > 0 and self.seq_pos_max(seq_id) + 1 == n else 0
+
+    # ------------------------------------------------------------------ checkpoints
+    def snapshot(self, seq_id: int) -> tuple[int, np.ndarray, np.ndarray] | None:
+        """A copy of a sequence's state (its last position, both rows), to go back to it
+        later with :meth:`restore`; None when the sequence has no state."""
+        self._check_seq(seq_id)
+        last = int(self.pos[seq_id])
+        if last < 0:
+            return None
+        return last, self.conv[:, seq_id].copy(), self.ssm[:, seq_id].copy()
+
+    def restore(self, seq_id: int, snap: tuple[int, np.ndarray, np.ndarray]) -> None:
+        """Put a :meth:`snapshot` back: the sequence continues after its last position."""
+        self._check_seq(seq_id)
+        last, conv, ssm = snap
+        self.conv[:, seq_id] = conv
+        self.ssm[:, seq_id] = ssm
+        self.pos[seq_id] = last
 
     # ------------------------------------------------------------------ one ubatch
     def place(self, ub: UBatch) -> np.ndarray:
@@ -291,6 +310,19 @@ class HybridMemory(PairedMemory):
 
     def n_keep(self, seq_id: int, n: int) -> int:
         return min(self.attn.n_keep(seq_id, n), self.recr.n_keep(seq_id, n))
+
+    def snapshot(self, seq_id: int) -> Any:
+        """The recurrent part's state of a sequence (the KV cells stay where they are)."""
+        return self.recr.snapshot(seq_id)
+
+    def restore(self, seq_id: int, snap: Any) -> int:
+        """Back to a :meth:`snapshot`: the recurrent rows restored and the KV cells past its
+        position dropped; returns the positions the sequence now holds."""
+        last = snap[0]
+        if not self.attn.seq_rm(seq_id, last + 1, -1):
+            raise UsageError(f"cannot drop the cache cells of sequence {seq_id} past {last}")
+        self.recr.restore(seq_id, snap)
+        return last + 1
 
     # ------------------------------------------------------------------ one ubatch
     def prepare(self, ub: UBatch, ordered: bool = False) -> Slots:

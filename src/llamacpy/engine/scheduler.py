@@ -31,6 +31,11 @@ import numpy as np
 from ..errors import LlamacpyError, UsageError
 from .batch import Batch
 
+# hybrid models: a prompt's state is kept this many tokens before its end (where the next
+# turn of a chat usually departs from it: the re-rendered reply), at most this many per slot
+CHECKPOINT_BACK = 8
+MAX_CHECKPOINTS = 2
+
 
 class QueueFullError(LlamacpyError):
     """Every slot is busy and the wait queue is full: retry later."""
@@ -98,6 +103,11 @@ class Slot:
     pending: list[int] = field(default_factory=list)  # prompt tokens still to decode
     next_token: int | None = None  # sampled, to be decoded in the next step
     t_last_used: float = 0.0
+    # a memory whose states cannot be rewound (hybrid models): snapshots of the state
+    # after the first n cached tokens, (n, snapshot), and where the prompt being read
+    # takes its next one (-1: none)
+    checkpoints: list[tuple[int, Any]] = field(default_factory=list)
+    checkpoint_at: int = -1
 
     @property
     def busy(self) -> bool:
@@ -174,6 +184,7 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self._hook = None  # tests: called with each batch before decoding
         self._erases: list[tuple[int, Any]] = []  # (slot, callback) waiting for the engine
+        self._snapshots = bool(getattr(ctx, "can_snapshot", False))  # prefix checkpoints
 
     # ------------------------------------------------------------------ public API
     def start(self) -> Scheduler:
@@ -357,6 +368,8 @@ class Scheduler:
         c.n_decode += 1
         c.n_busy_slots += len({int(x) for x in batch.seq_id[:, 0]})
         c.n_tokens_max = max(c.n_tokens_max, len(batch))
+        if self._snapshots:
+            self._checkpoint(self.slots)
         self._dispatch(owners, logits)
         return True
 
@@ -420,10 +433,16 @@ class Scheduler:
             n_keep = common_prefix(slot.tokens, r.prompt)
             n_keep = min(n_keep, len(r.prompt) - 1)  # decode the last one again: its logits
             if n_keep < len(slot.tokens):  # a sliding-window cache may not go back that far
-                n_keep = self.ctx.n_keep(slot.id, n_keep)
+                want, n_keep = n_keep, self.ctx.n_keep(slot.id, n_keep)
+                if n_keep < want:  # a state that cannot be rewound: its latest checkpoint
+                    n_keep = self._restore(slot, want)
         if n_keep < len(slot.tokens):
             self.ctx.seq_rm(slot.id, n_keep, -1)
             del slot.tokens[n_keep:]
+        slot.checkpoints = [c for c in slot.checkpoints if c[0] <= n_keep]
+        slot.checkpoint_at = -1
+        if self._snapshots and len(r.prompt) - CHECKPOINT_BACK > n_keep:
+            slot.checkpoint_at = len(r.prompt) - CHECKPOINT_BACK
         slot.request, slot.pending, slot.next_token = r, list(r.prompt[n_keep:]), None
         r.slot, r.n_cached, r.state = slot.id, n_keep, "prompt"
         r.t_start = time.monotonic()
@@ -432,6 +451,26 @@ class Scheduler:
                 r, "error", f"the prompt ({len(r.prompt)} tokens) does not fit the slot context "
                 f"({slot.n_ctx} tokens)"
             )  # fmt: skip
+
+    def _restore(self, slot: Slot, want: int) -> int:
+        """Back to the slot's latest checkpoint within the first ``want`` tokens; returns
+        the tokens it keeps (0: none fits)."""
+        fit = [c for c in slot.checkpoints if c[0] <= want]
+        if not fit:
+            return 0
+        _, snap = max(fit, key=lambda c: c[0])
+        held = self.ctx.seq_restore(slot.id, snap)
+        del slot.tokens[held:]
+        return held
+
+    def _checkpoint(self, slots: list[Slot]) -> None:
+        """Snapshot the slots whose prompt reached their checkpoint position."""
+        for s in slots:
+            if s.request is None or len(s.tokens) != s.checkpoint_at:
+                continue
+            s.checkpoints.append((len(s.tokens), self.ctx.seq_snapshot(s.id)))
+            del s.checkpoints[:-MAX_CHECKPOINTS]
+            s.checkpoint_at = -1
 
     def _plan(self) -> tuple[Batch | None, list[tuple[Slot, str, int]]]:
         """The step's batch and, per logits row, its slot, kind (``gen``, ``prompt``: the
@@ -461,7 +500,10 @@ class Scheduler:
                 break
             r = s.request
             assert r is not None
-            chunk = s.pending[:budget]
+            room = budget
+            if s.checkpoint_at > len(s.tokens):  # end the chunk where a checkpoint is due
+                room = min(room, s.checkpoint_at - len(s.tokens))
+            chunk = s.pending[:room]
             last = len(chunk) == len(s.pending)
             p0 = len(s.tokens)
             tok.extend(chunk)
@@ -557,6 +599,8 @@ class Scheduler:
     def _reset_slot(self, s: Slot) -> None:
         self.ctx.seq_rm(s.id, -1, -1)
         s.tokens.clear()
+        s.checkpoints.clear()
+        s.checkpoint_at = -1
         s.pending.clear()
         s.next_token = None
 
