@@ -32,6 +32,7 @@ from llamacpy.models.tiny import (
     TINY_ARCHS,
     write_tiny_bert,
     write_tiny_lfm2,
+    write_tiny_lfm2moe,
     write_tiny_llama,
     write_tiny_qwen35,
     write_tiny_qwen35moe,
@@ -59,6 +60,7 @@ BUILDERS["bert"] = lambda path, t: write_tiny_bert(path, t, seed=SEED)
 BUILDERS["qwen35"] = lambda path, t: write_tiny_qwen35(path, t, seed=SEED)  # hybrids
 BUILDERS["qwen35moe"] = lambda path, t: write_tiny_qwen35moe(path, t, seed=SEED)
 BUILDERS["lfm2"] = lambda path, t: write_tiny_lfm2(path, t, seed=SEED)
+BUILDERS["lfm2moe"] = lambda path, t: write_tiny_lfm2moe(path, t, seed=SEED)
 ENCODERS = {"bert"}
 TOKENS = FIX["tokens"].tolist()  # 18 tokens: past gemma3's window of 4
 PROMPT = FIX["prompt"].tolist()

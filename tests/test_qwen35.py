@@ -1,7 +1,8 @@
 """qwen35 (Qwen3.5 dense: Gated DeltaNet + gated full attention) through the numpy
 specification (``models/reference.py``) and the engine's hybrid memory, and qwen35moe
 (the same layers with routed experts and a gated shared expert for the FFN) and lfm2
-(short gated convolutions + attention) through the engine, against llama.cpp's logits (``tests/fixtures/engine/{arch}_logits.npz``,
+(short gated convolutions + attention; lfm2moe: with sigmoid-routed experts) through the
+engine, against llama.cpp's logits (``tests/fixtures/engine/{arch}_logits.npz``,
 ``scripts/make_qwen35_fixtures.py``)."""
 
 from __future__ import annotations
@@ -18,15 +19,20 @@ from llamacpy.engine.batch import Batch
 from llamacpy.errors import ModelError
 from llamacpy.gguf import GGMLType, GGUFReader, GGUFValueType, GGUFWriter
 from llamacpy.models.reference import Reference
-from llamacpy.models.tiny import write_tiny_lfm2, write_tiny_qwen35, write_tiny_qwen35moe
+from llamacpy.models.tiny import (
+    write_tiny_lfm2,
+    write_tiny_lfm2moe,
+    write_tiny_qwen35,
+    write_tiny_qwen35moe,
+)
 
 FIXES = {
     arch: np.load(Path(__file__).parent / "fixtures" / "engine" / f"{arch}_logits.npz")
-    for arch in ("qwen35", "qwen35moe", "lfm2")
+    for arch in ("qwen35", "qwen35moe", "lfm2", "lfm2moe")
 }
 FIX = FIXES["qwen35"]
 WRITERS = {"qwen35": write_tiny_qwen35, "qwen35moe": write_tiny_qwen35moe,
-           "lfm2": write_tiny_lfm2}  # fmt: skip
+           "lfm2": write_tiny_lfm2, "lfm2moe": write_tiny_lfm2moe}  # fmt: skip
 SEED = 3
 TOKENS, PROMPT = FIX["tokens"].tolist(), FIX["prompt"].tolist()
 RTOL = {"F32": 5e-4, "Q8_0": 1e-5}  # of max |logit| (measured: 4.5e-5, 1.1e-7)
@@ -230,6 +236,8 @@ MISSING = [
     (write_tiny_qwen35moe, "blk.0.ffn_down_exps.weight", r"required by qwen35moe"),
     (write_tiny_lfm2, "blk.1.shortconv.in_proj.weight", r"layer 1 is a convolution layer"),
     (write_tiny_lfm2, "blk.2.attn_k_norm.weight", r"layer 2 is an attention layer"),
+    (write_tiny_lfm2moe, "blk.2.exp_probs_b.bias", r"layer 2 has a mixture-of-experts FFN"),
+    (write_tiny_lfm2moe, "blk.0.ffn_up.weight", r"layer 0 has a dense FFN"),
 ]
 
 
@@ -331,3 +339,11 @@ def test_server_resumes_a_diverging_prompt_from_a_checkpoint(tmp_path, writer) -
             "/completion", json={"prompt": second, **body}).json()  # fmt: skip
     assert fresh["timings"]["cache_n"] == 0
     assert again["tokens"] == fresh["tokens"] and again["content"] == fresh["content"]
+
+
+def test_lfm2moe_needs_the_sigmoid_router(tmp_path) -> None:
+    _r, w = _copy(tmp_path, GGMLType.F32, writer=write_tiny_lfm2moe)
+    w.add("lfm2moe.expert_gating_func", 1, GGUFValueType.UINT32)
+    w.write()
+    with pytest.raises(ModelError, match=r"expert_gating_func is 1; only the sigmoid router"):
+        Context(tmp_path / "edited.gguf", ContextParams(n_ctx=32))

@@ -264,6 +264,7 @@ class Decoder:
                 row[need] = _need(b, fields)
             row["swa"] = int(self.layer_swa[il])
             row["recurrent"] = int(self.layer_rec[il])
+            row["moe"] = int(getattr(b, "ffn_gate_inp", None) is not None)
             row["rope"] = int(self.layer_rope(il))
             row["index"] = il
             # the layer's place among the layers of its kind: its layer in the memory that

@@ -35,7 +35,7 @@ from .delta_net_ref import (
     softplus_numpy,
 )
 from .spec import Branch, stage_names
-from .stages import ACT_SWIGLU_OAI, GATING_SOFTMAX_WEIGHT
+from .stages import ACT_SWIGLU_OAI, GATING_SIGMOID, GATING_SOFTMAX_WEIGHT
 
 _F32 = np.float32
 
@@ -346,6 +346,12 @@ def ffn_router(r: Reference, p: Pass, L) -> None:
     if M["expert_gating"] == GATING_SOFTMAX_WEIGHT:  # the largest logits, their softmax
         p.sel, w = route_numpy(logits, k, False, 0.0)
         _, p.wts = route_numpy(softmax_ggml_numpy(w), k, norm, scale)  # w keeps its order
+        return
+    if M["expert_gating"] == GATING_SIGMOID:  # chosen by sigmoid + bias, weighted by sigmoid
+        probs = sigmoid_numpy(logits)
+        biased = (probs + r.bias(L["ffn_exp_probs_b"], probs.shape[1])).astype(_F32)
+        p.sel, _ = route_numpy(biased, k, False, 0.0)
+        _, p.wts = route_numpy(np.take_along_axis(probs, p.sel, -1), k, norm, scale)
         return
     p.sel, p.wts = route_numpy(softmax_ggml_numpy(logits), k, norm, scale)
 

@@ -55,6 +55,9 @@ P_EMBD, P_NORM, P_QKV, P_ROPE, P_ATTN, P_OUT_PROJ, P_FFN_UP, P_FFN_DOWN, P_HEAD 
 # expert_gating: softmax over all experts, then the most probable ones (GATING_SOFTMAX);
 # the largest logits, then a softmax over those (GATING_SOFTMAX_WEIGHT, gpt-oss)
 GATING_SOFTMAX, GATING_SOFTMAX_WEIGHT = 0, 1
+# sigmoid of each logit; the experts chosen by sigmoid + ffn_exp_probs_b, weighted by the
+# sigmoid alone (lfm2moe, deepseek-v3's router)
+GATING_SIGMOID = 2
 ACT_SWIGLU, ACT_SWIGLU_OAI = 0, 1  # expert_act: silu(g) * u; gpt-oss's clamped variant
 NONE = -1  # a matrix index / vector offset of a tensor the layer does not have
 # One row per layer. Matrices: index into the weight store; vectors: offset into its float
@@ -102,12 +105,14 @@ LAYER_DTYPE = np.dtype(
             "ffn_up_exps_bias",
             "ffn_down_exps_bias",
             "ffn_gate_inp_shexp",  # a shared expert's one-row gate (qwen35moe)
+            "ffn_exp_probs_b",  # sigmoid gating: bias of the experts' selection scores
             "need_qkv",
             "need_out",
             "need_ffn",
             "need_down",
             "swa",
             "recurrent",  # a recurrent layer (state rows instead of KV cells)
+            "moe",  # the layer's FFN is a mixture of experts (its router exists)
             "rope",
             "index",
             "kv_index",
@@ -530,7 +535,9 @@ def ffn_router(c, L, clk):
     """Mixture of experts: ``p = softmax(h . ffn_gate_inp (+ bias))`` per token (float32,
     ggml's), its ``n_expert_used`` most probable experts (best first) and their weights
     ``p_e`` (divided by their sum with ``expert_norm``, times ``expert_scale``); with
-    ``GATING_SOFTMAX_WEIGHT`` the largest logits are chosen and their softmax is the weights."""
+    ``GATING_SOFTMAX_WEIGHT`` the largest logits are chosen and their softmax is the weights;
+    with ``GATING_SIGMOID`` ``p = sigmoid(logits)``, the experts chosen by ``p +
+    ffn_exp_probs_b``."""
     M = c.M
     ta, tb, AA = _acts(c)
     g0, g1 = split((M.n_expert + 15) // 16, c.tid, c.nth)
@@ -543,6 +550,14 @@ def ffn_router(c, L, clk):
         if M.expert_gating == GATING_SOFTMAX_WEIGHT:
             top_k(c.RL[t], M.n_expert, k, c.SEL[t], c.WTS[t])
             softmax_ggml(c.WTS[t], k)
+        elif M.expert_gating == GATING_SIGMOID:  # (U's row t: scratch until ffn_moe)
+            for e in range(M.n_expert):
+                c.RL[t, e] = sigmoid(c.RL[t, e])
+                c.U[t, e] = c.RL[t, e]
+            _add_vec(c.U, t, c.NF, L.ffn_exp_probs_b, 0, M.n_expert)
+            top_k(c.U[t], M.n_expert, k, c.SEL[t], c.WTS[t])
+            for j in range(k):
+                c.WTS[t, j] = c.RL[t, c.SEL[t, j]]
         else:
             softmax_ggml(c.RL[t], M.n_expert)
             top_k(c.RL[t], M.n_expert, k, c.SEL[t], c.WTS[t])
