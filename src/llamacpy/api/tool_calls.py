@@ -35,9 +35,9 @@ import json
 import re
 import secrets
 import string
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from ..errors import UsageError
 from ..grammar.json_schema import GrammarBuilder
@@ -308,6 +308,25 @@ class Hermes(ToolFormat):
                 return calls
 
 
+def _tagged_args(g: GrammarBuilder, t: Tool, arg: Callable[[str, str, bool], str]) -> str:
+    """The arguments of a call of ``t`` in a tagged format (one element per parameter):
+    the required parameters in order, then any of the optional ones. ``arg(name, rule,
+    text)`` writes a parameter's element around its value's ``rule`` (``text``: the value
+    is written as it is, not as JSON)."""
+    tn = _rule_name(t.name)
+    required, optional = [], []
+    req = set(t.schema().get("required") or [])
+    for pname, pschema in (t.schema().get("properties") or {}).items():
+        text = _is_string_schema(pschema)
+        value = "" if text else g.schema(pschema, f"tool-{tn}-arg-{_rule_name(pname)}-value")
+        r = g.rule(f"tool-{tn}-arg-{_rule_name(pname)}", arg(pname, value, text))
+        (required if pname in req else optional).append(r)
+    body = " ".join(required)
+    if optional:
+        body += " (" + " | ".join(optional) + ")*"
+    return body
+
+
 class Qwen3Coder(ToolFormat):
     name = "qwen3-coder"
     starts = ("<tool_call>",)
@@ -317,26 +336,17 @@ class Qwen3Coder(ToolFormat):
         # a text value never holds "</parameter>" (the format could not be read back)
         text_arg = g.rule("xml-arg-string", gbnf_until(g, "xml-arg-text", "</parameter>")
                           + ' "</parameter>\\n"')  # fmt: skip
+
+        def arg(pname: str, value: str, text: bool) -> str:
+            head = gbnf_literal(f"<parameter={pname}>" + "\n")
+            return f"{head} {text_arg}" if text else f"{head} {value} {end}"
+
+        end = gbnf_literal(self._ARG_END)
         fns = []
         for t in tools:
-            tn = _rule_name(t.name)
-            required, optional = [], []
-            props = t.schema().get("properties") or {}
-            req = set(t.schema().get("required") or [])
-            for pname, pschema in props.items():
-                head = gbnf_literal(f"<parameter={pname}>" + "\n")
-                if _is_string_schema(pschema):
-                    value = text_arg
-                else:
-                    value = g.schema(pschema, f"tool-{tn}-arg-{_rule_name(pname)}-value")
-                    value = f"{value} {gbnf_literal(self._ARG_END)}"
-                r = g.rule(f"tool-{tn}-arg-{_rule_name(pname)}", f"{head} {value}")
-                (required if pname in req else optional).append(r)
-            body = " ".join(required)
-            if optional:
-                body += " (" + " | ".join(optional) + ")*"
             opener = gbnf_literal(f"<function={t.name}>" + "\n")
-            fns.append(g.rule(f"tool-{tn}", f'{opener} {body} "</function>\\n"'))
+            body = _tagged_args(g, t, arg)
+            fns.append(g.rule(f"tool-{_rule_name(t.name)}", f'{opener} {body} "</function>\\n"'))
         one = g.rule("tool-call", f'"<tool_call>\\n" ({" | ".join(fns)}) "</tool_call>" space')
         return g.rule("tool-calls", f"{one}+" if parallel else one)
 
@@ -397,24 +407,41 @@ def _xml_value(raw: str, schema: Any) -> Any:
     return raw
 
 
-class Mistral(ToolFormat):
-    name = "mistral"
-    starts = ("[TOOL_CALLS]",)
+class JsonArray(ToolFormat):
+    """A marker, then a JSON array of ``{"name", "arguments"}`` objects (``extra`` fields
+    too): Mistral's ``[TOOL_CALLS]``, Granite's ``<|tool_call|>``."""
+
+    marker = ""
+    extra: ClassVar[Mapping[str, Any]] = {}
+
+    @property
+    def starts(self) -> tuple[str, ...]:  # type: ignore[override]
+        return (self.marker,)
 
     def calls_rule(self, g: GrammarBuilder, tools: list[Tool], parallel: bool) -> str:
-        obj = _call_objects(g, tools, "tool", "arguments",
-                            {"id": {"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"}})  # fmt: skip
+        obj = _call_objects(g, tools, "tool", "arguments", self.extra)
         items = f'{obj} ("," space {obj})*' if parallel else obj
-        return g.rule("tool-calls", f'"[TOOL_CALLS]" "[" space {items} space "]"')
+        return g.rule("tool-calls", f'{gbnf_literal(self.marker)} "[" space {items} space "]"')
 
     def parse_calls(self, text: str, tools: list[Tool]) -> list[ToolCall]:
-        i = _expect(text, 0, "[TOOL_CALLS]")
+        i = _expect(text, 0, self.marker)
         arr, i = _json_at(text, i)
         if isinstance(arr, dict):
             arr = [arr]
-        if not isinstance(arr, list) or not arr:
-            raise ToolSyntaxError("[TOOL_CALLS] must be followed by an array of calls")
+        if not isinstance(arr, list) or not arr or text[i:].strip():
+            raise ToolSyntaxError(f"{self.marker} must be followed by an array of calls")
         return [_call_from(o, ("arguments", "parameters")) for o in arr]
+
+
+class Mistral(JsonArray):
+    name, marker = "mistral", "[TOOL_CALLS]"
+    extra: ClassVar[Mapping[str, Any]] = {"id": {"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"}}
+
+
+class Granite(JsonArray):
+    """IBM Granite 3.x."""
+
+    name, marker = "granite", "<|tool_call|>"
 
 
 class DeepSeekR1(ToolFormat):
@@ -478,27 +505,6 @@ class DeepSeekR1(ToolFormat):
         return calls
 
 
-class Granite(ToolFormat):
-    """IBM Granite 3.x: ``<|tool_call|>`` and a JSON array of ``{"name", "arguments"}``."""
-
-    name = "granite"
-    starts = ("<|tool_call|>",)
-
-    def calls_rule(self, g: GrammarBuilder, tools: list[Tool], parallel: bool) -> str:
-        obj = _call_objects(g, tools, "tool", "arguments")
-        items = f'{obj} ("," space {obj})*' if parallel else obj
-        return g.rule("tool-calls", f'"<|tool_call|>" "[" space {items} space "]"')
-
-    def parse_calls(self, text: str, tools: list[Tool]) -> list[ToolCall]:
-        i = _expect(text, 0, "<|tool_call|>")
-        arr, i = _json_at(text, i)
-        if isinstance(arr, dict):
-            arr = [arr]
-        if not isinstance(arr, list) or not arr or text[i:].strip():
-            raise ToolSyntaxError("<|tool_call|> must be followed by an array of calls")
-        return [_call_from(o, ("arguments", "parameters")) for o in arr]
-
-
 class Glm(ToolFormat):
     """GLM 4.5-4.7, Ling 3, Laguna, Spark: ``<tool_call>NAME`` then ``<arg_key>K</arg_key>
     <arg_value>V</arg_value>`` pairs (text values as they are, others as JSON), then
@@ -509,25 +515,15 @@ class Glm(ToolFormat):
 
     def calls_rule(self, g: GrammarBuilder, tools: list[Tool], parallel: bool) -> str:
         text_value = g.rule("glm-arg-text", gbnf_until(g, "glm-text", "</arg_value>"))
+
+        def arg(pname: str, value: str, text: bool) -> str:
+            return (f'space "<arg_key>" {gbnf_literal(pname)} "</arg_key>" space '
+                    f'"<arg_value>" {text_value if text else value} "</arg_value>"')  # fmt: skip
+
         fns = []
         for t in tools:
-            tn = _rule_name(t.name)
-            required, optional = [], []
-            props = t.schema().get("properties") or {}
-            req = set(t.schema().get("required") or [])
-            for pname, pschema in props.items():
-                if _is_string_schema(pschema):
-                    value = text_value
-                else:
-                    value = g.schema(pschema, f"tool-{tn}-arg-{_rule_name(pname)}-value")
-                r = g.rule(f"tool-{tn}-arg-{_rule_name(pname)}",
-                           f'space "<arg_key>" {gbnf_literal(pname)} "</arg_key>" space '
-                           f'"<arg_value>" {value} "</arg_value>"')  # fmt: skip
-                (required if pname in req else optional).append(r)
-            body = " ".join(required)
-            if optional:
-                body += " (" + " | ".join(optional) + ")*"
-            fns.append(g.rule(f"tool-{tn}", f"{gbnf_literal(t.name)} {body} space"))
+            body = _tagged_args(g, t, arg)
+            fns.append(g.rule(f"tool-{_rule_name(t.name)}", f"{gbnf_literal(t.name)} {body} space"))
         one = g.rule("tool-call", f'"<tool_call>" ({" | ".join(fns)}) "</tool_call>"')
         return g.rule("tool-calls", f"{one} (space {one})*" if parallel else one)
 

@@ -19,10 +19,11 @@ numpy specification is :mod:`.reference`'s stages.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from ..errors import ModelError
 from ..hparams import HParams
-from .decoder import Decoder
+from .decoder import LLAMA_TENSORS, QK_NORM_TENSORS, Decoder
 from .spec import Branch, Param, Tensor
 
 _CONV = "blk.{i}.shortconv."
@@ -31,23 +32,16 @@ CONV_TENSORS = (
     Tensor(_CONV + "in_proj.weight", ("n_embd", "n_embd*3"), True, as_field="attn_qkv"),
     Tensor(_CONV + "out_proj.weight", ("n_embd", "n_embd"), True, as_field="ssm_out"),
 )
-ATTENTION_TENSORS = (
-    Tensor("blk.{i}.attn_q.weight", ("n_embd", "n_embd_q"), optional=True),
-    Tensor("blk.{i}.attn_k.weight", ("n_embd", "n_embd_k_gqa"), optional=True),
-    Tensor("blk.{i}.attn_v.weight", ("n_embd", "n_embd_v_gqa"), optional=True),
-    Tensor("blk.{i}.attn_output.weight", ("n_embd_o", "n_embd"), optional=True),
-    Tensor("blk.{i}.attn_q_norm.weight", ("n_embd_head_k",), optional=True),
-    Tensor("blk.{i}.attn_k_norm.weight", ("n_embd_head_k",), optional=True),
-)
+_LLAMA = {t.field: t for t in LLAMA_TENSORS if isinstance(t, Tensor)}
+ATTENTION_TENSORS = tuple(
+    replace(t, optional=True)
+    for t in (*(_LLAMA[f] for f in ("attn_q", "attn_k", "attn_v", "attn_output")),
+              *QK_NORM_TENSORS)
+)  # fmt: skip
 COMMON_TENSORS = (
-    Tensor("token_embd.weight", ("n_embd", "n_vocab")),
+    _LLAMA["token_embd"],
     Tensor("token_embd_norm.weight", ("n_embd",), as_field="output_norm"),
-    Tensor("output.weight", ("n_embd", "n_vocab"), optional=True),  # absent: tied
-    Tensor("blk.{i}.attn_norm.weight", ("n_embd",)),
-    Tensor("blk.{i}.ffn_norm.weight", ("n_embd",)),
-    Tensor("blk.{i}.ffn_gate.weight", ("n_embd", "n_ff")),
-    Tensor("blk.{i}.ffn_up.weight", ("n_embd", "n_ff")),
-    Tensor("blk.{i}.ffn_down.weight", ("n_ff", "n_embd")),
+    *(_LLAMA[f] for f in ("output", "attn_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")),
 )
 
 

@@ -467,16 +467,10 @@ def _add_qwen35_tensors(w, rng, t: GGMLType, s: dict) -> None:
 
 # lfm2 (LFM2): short-convolution layers (head_count_kv 0) and attention layers
 LFM2_SHAPE = {
-    "n_embd": 256,
-    "n_layer": 4,
-    "n_ff": 512,
-    "n_head": 4,
-    "n_head_kv": 2,
-    "head_dim": 64,
+    **{k: QWEN35_SHAPE[k] for k in ("n_embd", "n_layer", "n_ff", "n_head", "n_head_kv",
+                                    "head_dim", "n_vocab", "n_ctx")},
     "l_cache": 3,  # convolution taps (the state row holds l_cache - 1 inputs)
-    "n_vocab": 259,
-    "n_ctx": 256,
-}
+}  # fmt: skip
 LFM2_ATTENTION_LAYERS = (2,)  # the others are convolution layers
 
 
@@ -487,47 +481,7 @@ def write_tiny_lfm2(
     ``shortconv.conv`` of 3 taps, ``in_proj`` giving b | c | x, ``out_proj``), layer 2
     attention with Q/K norms (``attention.head_count_kv`` per layer: 0 for the convolution
     layers); SwiGLU FFNs; the output norm stored as ``token_embd_norm``."""
-    s = {**LFM2_SHAPE, **shape}
-    t = GGMLType(weight_type)
-    a, e, hd = "lfm2", s["n_embd"], s["head_dim"]
-    w = GGUFWriter(path)
-    w.add("general.architecture", a)
-    w.add("general.name", f"tiny-random-{t.name.lower()}")
-    for key, name in (("context_length", "n_ctx"), ("embedding_length", "n_embd"),
-                      ("block_count", "n_layer"), ("feed_forward_length", "n_ff"),
-                      ("attention.head_count", "n_head"), ("shortconv.l_cache", "l_cache"),
-                      ("vocab_size", "n_vocab")):  # fmt: skip
-        w.add(f"{a}.{key}", s[name], GGUFValueType.UINT32)
-    kv = [s["n_head_kv"] if i in LFM2_ATTENTION_LAYERS else 0 for i in range(s["n_layer"])]
-    w.add(f"{a}.attention.head_count_kv", np.array(kv, np.uint32))
-    w.add(f"{a}.rope.freq_base", 1000000.0, GGUFValueType.FLOAT32)
-    w.add(f"{a}.attention.layer_norm_rms_epsilon", 1e-5, GGUFValueType.FLOAT32)
-    _add_byte_vocab(w, s["n_vocab"])
-    rng = np.random.default_rng(seed)
-    mat, vec, norm = _writers(w, rng, t, e)
-    mat("token_embd.weight", s["n_vocab"], e)
-    for i in range(s["n_layer"]):
-        p = f"blk.{i}."
-        vec(p + "attn_norm.weight", norm())
-        if i in LFM2_ATTENTION_LAYERS:
-            mat(p + "attn_q.weight", hd * s["n_head"], e)
-            mat(p + "attn_k.weight", hd * s["n_head_kv"], e)
-            mat(p + "attn_v.weight", hd * s["n_head_kv"], e)
-            vec(p + "attn_q_norm.weight", norm(hd))
-            vec(p + "attn_k_norm.weight", norm(hd))
-            mat(p + "attn_output.weight", e, hd * s["n_head"])
-        else:
-            vec(p + "shortconv.conv.weight", 10.0 * _normal(rng, e * s["l_cache"]),
-                (s["l_cache"], e))  # fmt: skip
-            mat(p + "shortconv.in_proj.weight", 3 * e, e)
-            mat(p + "shortconv.out_proj.weight", e, e)
-        vec(p + "ffn_norm.weight", norm())
-        mat(p + "ffn_gate.weight", s["n_ff"], e)
-        mat(p + "ffn_up.weight", s["n_ff"], e)
-        mat(p + "ffn_down.weight", e, s["n_ff"])
-    vec("token_embd_norm.weight", norm())
-    mat("output.weight", s["n_vocab"], e)
-    w.write()
+    _write_lfm2(path, "lfm2", weight_type, seed, {**LFM2_SHAPE, **shape})
 
 
 LFM2MOE_SHAPE = {**LFM2_SHAPE, "n_layer": 4, "n_expert": 4, "n_expert_used": 2,
@@ -540,21 +494,27 @@ def write_tiny_lfm2moe(
     """Write a tiny random ``lfm2moe`` GGUF: :func:`write_tiny_lfm2`'s layers, layer 0 with a
     dense FFN and layers 1-3 with 4 experts of FFN size 64 (2 used per token) behind a
     sigmoid router with a selection bias ``exp_probs_b``."""
-    s = {**LFM2MOE_SHAPE, **shape}
+    _write_lfm2(path, "lfm2moe", weight_type, seed, {**LFM2MOE_SHAPE, **shape})
+
+
+def _write_lfm2(path, a: str, weight_type: GGMLType | int, seed: int, s: dict) -> None:
     t = GGMLType(weight_type)
-    a, e = "lfm2moe", s["n_embd"]
+    e, hd, moe = s["n_embd"], s["head_dim"], s.get("n_expert", 0)
     w = GGUFWriter(path)
     w.add("general.architecture", a)
     w.add("general.name", f"tiny-random-{t.name.lower()}")
-    for key, name in (("context_length", "n_ctx"), ("embedding_length", "n_embd"),
-                      ("block_count", "n_layer"), ("feed_forward_length", "n_ff"),
-                      ("attention.head_count", "n_head"), ("shortconv.l_cache", "l_cache"),
-                      ("vocab_size", "n_vocab"), ("expert_count", "n_expert"),
-                      ("expert_used_count", "n_expert_used"),
-                      ("expert_feed_forward_length", "n_ff_exp"),
-                      ("leading_dense_block_count", "n_dense_lead")):  # fmt: skip
+    keys = [("context_length", "n_ctx"), ("embedding_length", "n_embd"),
+            ("block_count", "n_layer"), ("feed_forward_length", "n_ff"),
+            ("attention.head_count", "n_head"), ("shortconv.l_cache", "l_cache"),
+            ("vocab_size", "n_vocab")]  # fmt: skip
+    if moe:
+        keys += [("expert_count", "n_expert"), ("expert_used_count", "n_expert_used"),
+                 ("expert_feed_forward_length", "n_ff_exp"),
+                 ("leading_dense_block_count", "n_dense_lead")]  # fmt: skip
+    for key, name in keys:
         w.add(f"{a}.{key}", s[name], GGUFValueType.UINT32)
-    w.add(f"{a}.expert_gating_func", 2, GGUFValueType.UINT32)
+    if moe:
+        w.add(f"{a}.expert_gating_func", 2, GGUFValueType.UINT32)  # sigmoid
     kv = [s["n_head_kv"] if i in LFM2_ATTENTION_LAYERS else 0 for i in range(s["n_layer"])]
     w.add(f"{a}.attention.head_count_kv", np.array(kv, np.uint32))
     w.add(f"{a}.rope.freq_base", 1000000.0, GGUFValueType.FLOAT32)
@@ -562,7 +522,6 @@ def write_tiny_lfm2moe(
     _add_byte_vocab(w, s["n_vocab"])
     rng = np.random.default_rng(seed)
     mat, vec, norm = _writers(w, rng, t, e)
-    hd = s["head_dim"]
     mat("token_embd.weight", s["n_vocab"], e)
     for i in range(s["n_layer"]):
         p = f"blk.{i}."
@@ -580,7 +539,7 @@ def write_tiny_lfm2moe(
             mat(p + "shortconv.in_proj.weight", 3 * e, e)
             mat(p + "shortconv.out_proj.weight", e, e)
         vec(p + "ffn_norm.weight", norm())
-        if i < s["n_dense_lead"]:
+        if not moe or i < s["n_dense_lead"]:
             mat(p + "ffn_gate.weight", s["n_ff"], e)
             mat(p + "ffn_up.weight", s["n_ff"], e)
             mat(p + "ffn_down.weight", e, s["n_ff"])
