@@ -98,6 +98,52 @@ def test_invariant_kernels_give_every_token_its_single_token_result(t: GGMLType)
     np.testing.assert_array_equal(alone, plain)
 
 
+@pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
+def test_gathered_rows_get_their_single_token_results(t: GGMLType) -> None:
+    """``matmul_rows`` (one expert's rows of a mixture of experts): each gathered row, read
+    from activation row ``a0 + r // adiv`` and written to ``o0 + r``, is the same bits as
+    that token alone (11 rows: groups of four, a pair and a single), for every format
+    (MXFP4's multi-token kernel; the others row by row); an empty row list is the range."""
+    nrows, ncols = 48, 768 if traits.get(t).layout.qk == 256 else 160  # MXFP4: 5 blocks
+    packed, desc = _weights(t, nrows, ncols, seed=11)
+    x = np.random.default_rng(4).standard_normal((6, ncols)).astype(np.float32)
+    a = M.new_acts(6, ncols)
+    M.prepare_acts(x, 0, 6, ncols, M.act_need([t]), a)
+    rows = np.array([0, 1, 3, 4, 6, 7, 9, 10, 12, 13, 15], np.int64)  # token r // 3 (of 2..7)
+    got = np.zeros((17, 48), np.float32)
+    M.matmul_rows(ALL, packed, desc, a, rows, len(rows), 3, 0, 0, 3, got, 1, False)
+    want = np.zeros_like(got)
+    for r in rows:
+        M.matmul(ALL, packed, desc, a, r // 3, r // 3 + 1, 0, 3, want, 1 + r, False)
+    np.testing.assert_array_equal(got, want)
+    rng, alone = np.zeros((6, 48), np.float32), np.zeros((6, 48), np.float32)
+    M.matmul_rows(ALL, packed, desc, a, rows[:0], 6, 1, 0, 0, 3, rng, 0, False)
+    for i in range(6):
+        M.matmul(ALL, packed, desc, a, i, i + 1, 0, 3, alone, i, False)
+    np.testing.assert_array_equal(rng, alone)
+
+
+def test_mxfp4_multi_token_kernel_at_extreme_scales() -> None:
+    """MXFP4's multi-token kernel scales by ``ldexp(d_x, e - 128)`` where one token alone
+    multiplies ``d_x`` by ``2**(e - 128)``: one rounding either way, the same bits, down to
+    subnormal and up to overflowing scales."""
+    t, nrows, ncols = GGMLType.MXFP4, 32, 96
+    raw = random_tensor(np.random.default_rng(0), t, nrows, ncols).reshape(nrows, 3, 17)
+    raw[:, :, 0] = np.array([0, 1, 2, 3, 60, 127, 128, 200, 254, 255], np.uint8)[
+        np.arange(nrows * 3).reshape(nrows, 3) % 10
+    ]
+    packed = formats.repack(raw.reshape(-1), t, nrows, ncols)
+    desc = np.array([int(t), 0, nrows, ncols], np.int64)
+    x = np.random.default_rng(1).standard_normal((5, ncols)).astype(np.float32)
+    x[1] *= np.float32(1e-4)
+    x[2] *= np.float32(1e3)
+    together = _run(packed, desc, x, 0, 5, 0, 2)
+    for i in range(5):
+        alone = np.zeros_like(together)
+        _run(packed, desc, x, i, i + 1, 0, 2, alone)
+        np.testing.assert_array_equal(together[i], alone[i])
+
+
 def test_accumulate_mode_adds_to_output() -> None:
     packed, desc = _weights(GGMLType.Q4_0, 32, 64)
     x = np.random.default_rng(3).standard_normal((2, 64)).astype(np.float32)

@@ -452,6 +452,9 @@ class Workspace:
         self.weights = z((n_tokens, n_used), np.float32)  # and their weights
         moe = hp.extra.get("n_expert_used", 0) > 0
         self.experts = z((n_tokens * n_used if moe else 1, _pad16(e)), np.float32)  # outputs
+        # per thread: the (token, selected expert) rows grouped by expert (stages._expert_rows)
+        n_rows = n_tokens * n_used + hp.extra.get("n_expert", 0) + 2 if moe else 1
+        self.expert_rows = z((n_threads, n_rows), np.int64)
         self.acts = new_acts(n_tokens * n_used, kmax)
         self.acts_private = new_acts(n_threads, kmax)
         self.x_private = z((n_threads, kmax), np.float32)
@@ -494,6 +497,7 @@ class Workspace:
             self.selected,
             self.weights,
             self.experts,
+            self.expert_rows,
             self.acts,
             self.acts_private,
             self.x_private,

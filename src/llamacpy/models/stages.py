@@ -42,7 +42,7 @@ from ..ops.attention import (
 )
 from ..ops.delta_net import conv_tokens, delta_rule_head, l2_norm
 from ..ops.dequant import get_row_sel
-from ..ops.matmul import matmul_sel, prepare_acts
+from ..ops.matmul import matmul_rows_sel, matmul_sel, prepare_acts
 from ..ops.moe import expert_weights, shared_gate, softmax_ggml, top_k
 from ..ops.norm import head_rms_norm, rms_norm
 from ..ops.rope import rope_apply, rope_cache
@@ -163,7 +163,7 @@ STATE_DTYPE = np.dtype([("n_rows", np.int64)] + [
 # Q, KN, VN projections; ATT attention output; G, U gate / up (a row per token, or per
 # token and selected expert: row t * n_expert_used + j); RL router logits / probabilities,
 # SEL, WTS each token's selected experts and their weights, EO the selected experts' outputs
-# (rows as G); A, AP activation buffers (shared, private per thread); XP private rows; LOG
+# (rows as G), ER per thread those rows grouped by expert; A, AP activation buffers (shared, private per thread); XP private rows; LOG
 # logits; TS per-thread attention scratch; prof cycles per stage.
 # The KV cache a layer kind uses (global, sliding-window): flat K and V cells, the cell of
 # each token, the mask, the cells attended, the attention kernel, the bytes between heads.
@@ -171,7 +171,7 @@ KVPart = namedtuple("KVPart", "KC VC cells mask n_kv mode hstride order")
 Ctx = namedtuple(
     "Ctx",
     "fmask tid nth M W WD NF RP FF tokens pos out_idx n_tok n_out kv kv_swa k_type v_type "
-    "rowb kvi X XN Q KN VN ATT G U RL SEL WTS EO A AP XP LOG TS prof bar st",
+    "rowb kvi X XN Q KN VN ATT G U RL SEL WTS EO ER A AP XP LOG TS prof bar st",
 )
 
 
@@ -206,7 +206,7 @@ def context(fmask, tid, nth, MA, WT, UB, KV, S, STATE, bar):
     W, WD, NF, RP, FF = WT
     tokens, pos, cells, cells_swa, mask, mask_swa, out_idx, ui, order, order_swa = UB
     KC, VC, KCs, VCs, kvi = KV
-    X, XN, Q, KN, VN, ATT, G, U, RL, SEL, WTS, EO, A, AP, XP, LOG, TS, prof = S
+    X, XN, Q, KN, VN, ATT, G, U, RL, SEL, WTS, EO, ER, A, AP, XP, LOG, TS, prof = S
     rowb = kvi[2]
     st = STATE[tid]
     st.n_rows = ui[0]
@@ -214,7 +214,7 @@ def context(fmask, tid, nth, MA, WT, UB, KV, S, STATE, bar):
         fmask, tid, nth, MA[0], W, WD, NF, RP, FF, tokens, pos, out_idx, ui[0], ui[3],
         KVPart(KC, VC, cells, mask, ui[1], ui[2], kvi[3] * rowb, order),
         KVPart(KCs, VCs, cells_swa, mask_swa, ui[4], ui[5], kvi[4] * rowb, order_swa),
-        kvi[0], kvi[1], rowb, kvi, X, XN, Q, KN, VN, ATT, G, U, RL, SEL, WTS, EO, A, AP, XP, LOG,
+        kvi[0], kvi[1], rowb, kvi, X, XN, Q, KN, VN, ATT, G, U, RL, SEL, WTS, EO, ER, A, AP, XP, LOG,
         TS, prof, bar, st,
     )  # fmt: skip
 
@@ -566,42 +566,87 @@ def ffn_router(c, L, clk):
 
 
 @njit(cache=True, inline="always")
+def _expert_rows(c):
+    """This thread's ``ER`` row: the (token, selected expert) rows ``r = t * n_expert_used +
+    j`` of a ubatch grouped by expert (a counting sort; rows ascending within an expert):
+    expert ``e``'s rows are ``ER[tid, n_expert + 2 + ER[tid, e] : ... + ER[tid, e + 1]]``.
+    Every thread builds its own copy (a few microseconds; no barrier)."""
+    M = c.M
+    ne, k = M.n_expert, M.n_expert_used
+    nr = c.st.n_rows * k
+    er = c.ER[c.tid]
+    for e in range(ne + 2):
+        er[e] = 0
+    for r in range(nr):
+        er[c.SEL[r // k, r % k] + 2] += 1
+    for e in range(2, ne + 2):
+        er[e] += er[e - 1]
+    for r in range(nr):  # er[e + 1]: the next free place of expert e (then its end)
+        e = c.SEL[r // k, r % k]
+        er[ne + 2 + er[e + 1]] = r
+        er[e + 1] += 1
+
+
+@njit(cache=True, inline="always")
+def _expert_out(c, L, down, ee, r, g0, g1):
+    """Row ``r`` (expert ``ee``) after its matmuls on this thread's row groups: plus the
+    expert's bias, and (gate/up) ``G[r] = act(G[r], U[r])`` (``expert_act``)."""
+    M = c.M
+    if down:
+        b = _expert_vec(L.ffn_down_exps_bias, ee, M.n_embd)
+        _add_vec(c.EO, r, c.NF, b, 16 * g0, min(16 * g1, M.n_embd))
+        return
+    f = M.n_ff_exp
+    i1 = min(16 * g1, f)
+    _add_vec(c.G, r, c.NF, _expert_vec(L.ffn_gate_exps_bias, ee, f), 16 * g0, i1)
+    _add_vec(c.U, r, c.NF, _expert_vec(L.ffn_up_exps_bias, ee, f), 16 * g0, i1)
+    if M.expert_act == ACT_SWIGLU_OAI:
+        swiglu_oai(c.G, c.U, r, r + 1, 16 * g0, i1, c.G)
+    else:
+        swiglu(c.G, c.U, r, r + 1, 16 * g0, i1, c.G)
+
+
+@njit(cache=True, inline="always")
 def _experts(c, L, down, g0, g1):
     """Each (token t, selected expert j) row ``r = t * n_expert_used + j``, this thread's row
     groups ``g0..g1`` of the expert's matrices: ``G[r] = silu(h_t . gate_e) * (h_t . up_e)``,
     or (``down``) ``EO[r] = G[r] . down_e``; each product plus the expert's bias when the
-    layer has one; ``expert_act`` picks the activation. Expert by expert (a thread's share of one
-    expert's weights serves all its tokens while it is in cache), as ggml_mul_mat_id; each
-    row a matrix x vector product of one token, as ggml's per-row kernels."""
+    layer has one; ``expert_act`` picks the activation. Expert by expert, as ggml_mul_mat_id:
+    the expert's rows (:func:`_expert_rows`) go through each matrix together
+    (:func:`~llamacpy.ops.matmul.matmul_rows_sel`: a row group's weights, once in cache,
+    serve all of them), each row with the numerics of a one-token matrix x vector product,
+    as ggml's per-row kernels. One token: its experts in their order."""
     M = c.M
     n, k = c.st.n_rows, M.n_expert_used
     ta, _tb, AA = _acts(c)
-    f = M.n_ff_exp
-    for e in range(M.n_expert if n > 1 else 1):  # one token: its experts in their order
-        for t in range(n):
-            for j in range(k):
-                ee = c.SEL[t, j]
-                if n > 1 and ee != e:
-                    continue
-                r = t * k + j
-                if down:
-                    wd = c.WD[L.ffn_down_exps + ee]
-                    matmul_sel(c.fmask, c.W, wd, c.A, r, r + 1, g0, g1, c.EO, r, False)
-                    i1 = min(16 * g1, M.n_embd)
-                    b = _expert_vec(L.ffn_down_exps_bias, ee, M.n_embd)
-                    _add_vec(c.EO, r, c.NF, b, 16 * g0, i1)
-                    continue
-                a = ta + t
+    if n == 1:
+        for j in range(k):
+            ee = c.SEL[0, j]
+            if down:
+                wd = c.WD[L.ffn_down_exps + ee]
+                matmul_sel(c.fmask, c.W, wd, c.A, j, j + 1, g0, g1, c.EO, j, False)
+            else:
                 wg, wu = c.WD[L.ffn_gate_exps + ee], c.WD[L.ffn_up_exps + ee]
-                matmul_sel(c.fmask, c.W, wg, AA, a, a + 1, g0, g1, c.G, r, False)
-                matmul_sel(c.fmask, c.W, wu, AA, a, a + 1, g0, g1, c.U, r, False)
-                i1 = min(16 * g1, f)
-                _add_vec(c.G, r, c.NF, _expert_vec(L.ffn_gate_exps_bias, ee, f), 16 * g0, i1)
-                _add_vec(c.U, r, c.NF, _expert_vec(L.ffn_up_exps_bias, ee, f), 16 * g0, i1)
-                if M.expert_act == ACT_SWIGLU_OAI:
-                    swiglu_oai(c.G, c.U, r, r + 1, 16 * g0, i1, c.G)
-                else:
-                    swiglu(c.G, c.U, r, r + 1, 16 * g0, i1, c.G)
+                matmul_sel(c.fmask, c.W, wg, AA, ta, ta + 1, g0, g1, c.G, j, False)
+                matmul_sel(c.fmask, c.W, wu, AA, ta, ta + 1, g0, g1, c.U, j, False)
+            _expert_out(c, L, down, ee, j, g0, g1)
+        return
+    ne = M.n_expert
+    er = c.ER[c.tid]
+    for e in range(ne):
+        rows = er[ne + 2 + er[e] : ne + 2 + er[e + 1]]
+        m = rows.shape[0]
+        if m == 0:
+            continue
+        if down:
+            wd = c.WD[L.ffn_down_exps + e]
+            matmul_rows_sel(c.fmask, c.W, wd, c.A, rows, m, 1, 0, g0, g1, c.EO, 0, False)
+        else:
+            wg, wu = c.WD[L.ffn_gate_exps + e], c.WD[L.ffn_up_exps + e]
+            matmul_rows_sel(c.fmask, c.W, wg, AA, rows, m, k, ta, g0, g1, c.G, 0, False)
+            matmul_rows_sel(c.fmask, c.W, wu, AA, rows, m, k, ta, g0, g1, c.U, 0, False)
+        for i in range(m):
+            _expert_out(c, L, down, e, rows[i], g0, g1)
 
 
 @njit(cache=True, inline="always")
@@ -612,6 +657,8 @@ def _moe(c, L, keep, clk):
     M = c.M
     n, k, tid, n_embd = c.st.n_rows, M.n_expert_used, c.tid, M.n_embd
     g0, g1 = split((M.n_ff_exp + 15) // 16, tid, c.nth)
+    if n > 1:
+        _expert_rows(c)
     _experts(c, L, False, g0, g1)
     clk = _sync(c, tick(c.prof, tid, P_FFN_UP, clk))
     r0, r1 = split(n * k, tid, c.nth)  # the expert rows quantized for down

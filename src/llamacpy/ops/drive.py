@@ -6,7 +6,8 @@ one of these drivers: :func:`drive` (vector accumulators: K-quant and float form
 :func:`drive_lanes` (ggml-lane accumulators of the 32-weight formats, tokens 2 at a time,
 see :mod:`.qdot_legacy`). ``out[ot + t - t0, 16g:16g+16] (+)= W[16g:16g+16] . act(x[t])``
 for tokens ``t0..t1`` and row groups ``g0..g1``; ``bb`` bytes per group block, ``nblk``
-blocks per row.
+blocks per row. :func:`drive_rows` takes gathered rows instead of a token range (one
+expert's tokens), 4 at a time through a kernel that runs a whole row group (MXFP4).
 """
 
 from __future__ import annotations
@@ -101,3 +102,50 @@ def drive_lanes(zero, fin, k1, k2, w, off, nblk, bb, g0, g1, A, t0, t1, out, ot,
                     prefetch(w, og + b * bb + PREFETCH + i)
                 a = k1(w, og + b * bb, A, t, b, nblk, a)
             _put(out, (ot + t - t0) * ldo + 16 * g, fin(a), add)
+
+
+@njit(cache=True, inline="always")
+def _item(rows, i, adiv, a0, o0, ldo, g):
+    """Item ``i`` of :func:`drive_rows`: (its activation row, its output offset)."""
+    r = rows[i] if rows.shape[0] > 0 else i
+    return a0 + r // adiv, (o0 + r) * ldo + 16 * g
+
+
+@njit(cache=True, inline="always")
+def drive_rows(zero, fin, k1, k2, k4, w, off, nblk, bb, g0, g1, A, rows, n, adiv, a0, out, o0, add):
+    """Items ``i < n`` with row numbers ``r`` (``rows[i]``, or ``i`` for an empty ``rows``):
+    ``out[o0 + r] (+)= W . act(A[a0 + r // adiv])`` for row groups ``g0..g1``, the items of a
+    row group 4 at a time through ``k4(w, og, nblk, A, ta, tb, tc, td)`` (four finished
+    vectors), a pair through ``k2``, the last one through ``k1`` (``zero``/``fin``
+    accumulators), the row group's blocks staying in cache for all of them. The gathered
+    rows of one expert (:func:`llamacpy.models.stages._experts`) or a plain token range."""
+    ldo = out.shape[1]
+    for g in range(g0, g1):
+        og = off + g * nblk * bb
+        i = 0
+        while i + 4 <= n:
+            ta, oa = _item(rows, i, adiv, a0, o0, ldo, g)
+            tb, ob = _item(rows, i + 1, adiv, a0, o0, ldo, g)
+            tc, oc = _item(rows, i + 2, adiv, a0, o0, ldo, g)
+            td, od = _item(rows, i + 3, adiv, a0, o0, ldo, g)
+            v = k4(w, og, nblk, A, ta, tb, tc, td)
+            _put(out, oa, v[0], add)
+            _put(out, ob, v[1], add)
+            _put(out, oc, v[2], add)
+            _put(out, od, v[3], add)
+            i += 4
+        if i + 2 <= n:
+            ta, oa = _item(rows, i, adiv, a0, o0, ldo, g)
+            tb, ob = _item(rows, i + 1, adiv, a0, o0, ldo, g)
+            v = k2(w, og, nblk, A, ta, tb)
+            _put(out, oa, v[0], add)
+            _put(out, ob, v[1], add)
+            i += 2
+        if i < n:
+            t, o = _item(rows, i, adiv, a0, o0, ldo, g)
+            a = zero()
+            for b in range(nblk):
+                for j in range(0, bb, 64):
+                    prefetch(w, og + b * bb + PREFETCH + j)
+                a = k1(w, og + b * bb, A, t, b, nblk, a)
+            _put(out, o, fin(a), add)

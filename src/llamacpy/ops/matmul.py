@@ -189,6 +189,77 @@ def _matmul_sel_ov(fset, w, desc, A, t0, t1, g0, g1, out, ot, add):
     return impl
 
 
+def matmul_rows_sel(fset, w, desc, A, rows, n, adiv, a0, g0, g1, out, o0, add):
+    """Inside numba: ``out[o0 + r] (+)= W . act(A[a0 + r // adiv])`` for the rows ``r`` of
+    ``rows[:n]`` (an empty ``rows``: ``r = 0..n-1``) and row groups ``g0..g1`` of the weight
+    ``desc`` among the formats of ``fset``, every row with single-token numerics: the
+    format's ``matmul_rows`` kernel, else its matmul called row by row."""
+    raise NotImplementedError("only callable from numba-compiled code")
+
+
+def _by_row(fn):
+    """``fn`` (a matmul kernel) called one row at a time, as a ``matmul_rows`` kernel."""
+
+    def impl(w, desc, A, rows, n, adiv, a0, g0, g1, out, o0, add):
+        for i in range(n):
+            r = rows[i] if rows.shape[0] > 0 else i
+            a = a0 + r // adiv
+            fn(w, desc, A, a, a + 1, g0, g1, out, o0 + r, add)
+
+    return njit(inline="always")(impl)
+
+
+def _chain_rows(entries):
+    if not entries:
+
+        def none(w, desc, A, rows, n, adiv, a0, g0, g1, out, o0, add):
+            return None
+
+        return njit(inline="always")(none)
+    tid, fn = entries[0]
+    rest = _chain_rows(entries[1:])
+
+    def impl(w, desc, A, rows, n, adiv, a0, g0, g1, out, o0, add):
+        if desc[0] == tid:
+            fn(w, desc, A, rows, n, adiv, a0, g0, g1, out, o0, add)
+        else:
+            rest(w, desc, A, rows, n, adiv, a0, g0, g1, out, o0, add)
+
+    return njit(inline="always")(impl)
+
+
+_CHAINS_ROWS: dict[tuple[int, bool], object] = {}
+
+
+@overload(matmul_rows_sel)
+def _matmul_rows_sel_ov(fset, w, desc, A, rows, n, adiv, a0, g0, g1, out, o0, add):
+    if not isinstance(fset, FormatSetType):
+        raise errors.TypingError("matmul_rows_sel: the first argument must be a FormatSet")
+    m, inv = fset.mask, fset.invariant
+    chain = _CHAINS_ROWS.get((m, inv))
+    if chain is None:
+        entries = [
+            (
+                tr.id,
+                tr.matmul_rows or _by_row((tr.matmul_invariant or tr.matmul) if inv else tr.matmul),
+            )
+            for tr in traits.all_traits()
+            if m >> tr.id & 1
+        ]
+        chain = _CHAINS_ROWS[m, inv] = _chain_rows(entries)
+
+    def impl(fset, w, desc, A, rows, n, adiv, a0, g0, g1, out, o0, add):
+        chain(w, desc, A, rows, n, adiv, a0, g0, g1, out, o0, add)
+
+    return impl
+
+
+@njit(cache=True)
+def matmul_rows(fset, w, desc, A, rows, n, adiv, a0, g0, g1, out, o0, add):
+    """:func:`matmul_rows_sel` as a kernel of its own (tests)."""
+    matmul_rows_sel(fset, w, desc, A, rows, n, adiv, a0, g0, g1, out, o0, add)
+
+
 @njit(cache=True)
 def matmul(fset, w, desc, A, t0, t1, g0, g1, out, ot, add):
     """``out[ot + t - t0, 16g0:16g1] (+)= W . act`` for the weight ``desc`` (see module doc);

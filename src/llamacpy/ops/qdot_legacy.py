@@ -19,7 +19,9 @@ Per format: ``<fmt>_t1(w, o, A, t, b, nb, acc)`` adds group block ``w[o:]`` (16 
 times token ``t``'s block ``b`` (of ``nb``); ``<fmt>_t2`` does tokens ``t`` and ``t+1``,
 decoding the weights once; ``zero()``/``fin(acc)`` (IQ4_NL, MXFP4: ``zero18``/``fin18``, and
 both step through ``pair_t1``) start and finish an accumulator. ``A`` is the activation
-tuple ``(xq, xd, xs, xb, xqk, xdk, xbk, xf)`` of :mod:`.quantize_act`.
+tuple ``(xq, xd, xs, xb, xqk, xdk, xbk, xf)`` of :mod:`.quantize_act`. MXFP4 has no ``_t2``:
+``mxfp4_rows4`` / ``mxfp4_rows2`` run a whole row group for four / two tokens (any rows, as
+one expert's gathered tokens) with each token's arithmetic that of ``mxfp4_t1``.
 
 The formats' layouts, matmul kernels, row decoders, numpy twins and traits records
 (:mod:`.traits`) close the file.
@@ -51,7 +53,7 @@ from ..simd import (
     vsrl,
     vzero_f32,
 )
-from .drive import drive_lanes
+from .drive import drive_lanes, drive_rows
 from .traits import ACT_Q8, CHUNK4, Q5HB, ROWS, XOR80, FormatTraits, Layout, register
 
 KVALUES_IQ4NL = np.array(
@@ -174,10 +176,16 @@ def _lane(fmt, lane_w, A, t, b, j):
 
 
 @njit(cache=True, inline="always")
+def _e8m0(w, o):
+    """MXFP4: the 16 rows' scales ``2**(e - 128)`` of the group block at ``w[o:]``."""
+    e = vcvt(vload_u8(w, o)) - vsplat_f32(np.float32(_E8M0_BIAS))
+    return vldexp(vsplat_f32(np.float32(1.0)), e)
+
+
+@njit(cache=True, inline="always")
 def _scale(fmt, w, o, A, t, b):
     if fmt == MXFP4:
-        e = vcvt(vload_u8(w, o)) - vsplat_f32(np.float32(_E8M0_BIAS))
-        return vldexp(vsplat_f32(np.float32(1.0)), e) * vsplat_f32(A[1][t, b])
+        return _e8m0(w, o) * vsplat_f32(A[1][t, b])
     return vload_f16(w, o) * vsplat_f32(A[1][t, b])
 
 
@@ -395,9 +403,104 @@ def mxfp4_t1(w, o, A, t, b, nb, a):
     return pair_t1(MXFP4, w, o, A, t, b, nb, a)
 
 
+# MXFP4, several tokens per row group: a token's 16 accumulators (8 ggml lanes x even / odd
+# blocks) do not fit in the registers twice, but each is a chain of its own, so they are
+# computed in eight passes over the row, pass ``(c, p)`` adding chunk ``c`` (lanes ``c``, ``4+c``)
+# of the blocks of parity ``p`` for all the tokens at once: each chunk is decoded once for them, and
+# every lane gets exactly the operations, in the order, of :func:`mxfp4_t1`.
 @njit(cache=True, inline="always")
-def mxfp4_t2(w, o, A, t, b, nb, a, c):
-    return mxfp4_t1(w, o, A, t, b, nb, a), mxfp4_t1(w, o, A, t + 1, b, nb, c)
+def _mx_tok(lo, hi, A, t, b, c, e, x, y):
+    """Token ``t``'s lanes ``c`` (``x``) and ``4+c`` (``y``) of block ``b`` (row exponents
+    ``e``): ``d_x * 2**e`` is the product ``2**e * d_x`` of :func:`_scale`, one rounding."""
+    dd = vldexp(vsplat_f32(A[1][t, b]), e)
+    x = vfma(dd, vcvt(_lane(MXFP4, lo, A, t, b, c)), x)
+    y = vfma(dd, vcvt(_lane(MXFP4, hi, A, t, b, 4 + c)), y)
+    return x, y
+
+
+@njit(cache=True, inline="always")
+def _mx_pass4(w, og, bb, nb, A, t0, t1, t2, t3, c, p):
+    """Lanes ``c``, ``4+c`` of four tokens over the blocks of parity ``p`` (even: those that
+    start a pair; an odd count's last block is left out)."""
+    z = vzero_f32()
+    x0 = y0 = x1 = y1 = x2 = y2 = x3 = y3 = z
+    for b in range(p, nb - 1 + p, 2):
+        o = og + b * bb
+        s = vcvt(vload_u8(w, o)) - vsplat_f32(np.float32(_E8M0_BIAS))
+        lo, hi = _weights(MXFP4, w, o, c)
+        x0, y0 = _mx_tok(lo, hi, A, t0, b, c, s, x0, y0)
+        x1, y1 = _mx_tok(lo, hi, A, t1, b, c, s, x1, y1)
+        x2, y2 = _mx_tok(lo, hi, A, t2, b, c, s, x2, y2)
+        x3, y3 = _mx_tok(lo, hi, A, t3, b, c, s, x3, y3)
+    return (x0, y0), (x1, y1), (x2, y2), (x3, y3)
+
+
+@njit(cache=True, inline="always")
+def _mx_pass2(w, og, bb, nb, A, t0, t1, c, p):
+    """:func:`_mx_pass4` for two tokens."""
+    z = vzero_f32()
+    x0 = y0 = x1 = y1 = z
+    for b in range(p, nb - 1 + p, 2):
+        o = og + b * bb
+        s = vcvt(vload_u8(w, o)) - vsplat_f32(np.float32(_E8M0_BIAS))
+        lo, hi = _weights(MXFP4, w, o, c)
+        x0, y0 = _mx_tok(lo, hi, A, t0, b, c, s, x0, y0)
+        x1, y1 = _mx_tok(lo, hi, A, t1, b, c, s, x1, y1)
+    return (x0, y0), (x1, y1)
+
+
+@njit(cache=True, inline="always")
+def _mx_fin(w, og, bb, nb, A, t, e0, e1, e2, e3, o0, o1, o2, o3):
+    """One token's passes (``e*``: even blocks, ``o*``: odd, lanes ``c``, ``4+c`` of pass
+    ``c``) as :func:`zero18`'s slots (an odd count's last block through :func:`pair_t1`),
+    finished by :func:`fin18`."""
+    z = vzero_f32()
+    a = (
+        e0[0], e1[0], e2[0], e3[0], e0[1], e1[1], e2[1], e3[1],
+        o0[0], o1[0], o2[0], o3[0], o0[1], o1[1], o2[1], o3[1], z, z,
+    )  # fmt: skip
+    if nb % 2 == 1:
+        a = pair_t1(MXFP4, w, og + (nb - 1) * bb, A, t, nb - 1, nb, a)
+    return fin18(a)
+
+
+@njit(cache=True, inline="always")
+def mxfp4_rows4(w, og, nb, A, t0, t1, t2, t3):
+    """Row group ``w[og:]`` (``nb`` blocks) . tokens ``t0..t3`` (any activation rows): four
+    finished ``f32x16``, each equal to :func:`mxfp4_t1`'s over the row."""
+    bb = _BB_MXFP4
+    a0, b0, c0, d0 = _mx_pass4(w, og, bb, nb, A, t0, t1, t2, t3, 0, 0)
+    a1, b1, c1, d1 = _mx_pass4(w, og, bb, nb, A, t0, t1, t2, t3, 1, 0)
+    a2, b2, c2, d2 = _mx_pass4(w, og, bb, nb, A, t0, t1, t2, t3, 2, 0)
+    a3, b3, c3, d3 = _mx_pass4(w, og, bb, nb, A, t0, t1, t2, t3, 3, 0)
+    a4, b4, c4, d4 = _mx_pass4(w, og, bb, nb, A, t0, t1, t2, t3, 0, 1)
+    a5, b5, c5, d5 = _mx_pass4(w, og, bb, nb, A, t0, t1, t2, t3, 1, 1)
+    a6, b6, c6, d6 = _mx_pass4(w, og, bb, nb, A, t0, t1, t2, t3, 2, 1)
+    a7, b7, c7, d7 = _mx_pass4(w, og, bb, nb, A, t0, t1, t2, t3, 3, 1)
+    return (
+        _mx_fin(w, og, bb, nb, A, t0, a0, a1, a2, a3, a4, a5, a6, a7),
+        _mx_fin(w, og, bb, nb, A, t1, b0, b1, b2, b3, b4, b5, b6, b7),
+        _mx_fin(w, og, bb, nb, A, t2, c0, c1, c2, c3, c4, c5, c6, c7),
+        _mx_fin(w, og, bb, nb, A, t3, d0, d1, d2, d3, d4, d5, d6, d7),
+    )
+
+
+@njit(cache=True, inline="always")
+def mxfp4_rows2(w, og, nb, A, t0, t1):
+    """:func:`mxfp4_rows4` for two tokens."""
+    bb = _BB_MXFP4
+    a0, b0 = _mx_pass2(w, og, bb, nb, A, t0, t1, 0, 0)
+    a1, b1 = _mx_pass2(w, og, bb, nb, A, t0, t1, 1, 0)
+    a2, b2 = _mx_pass2(w, og, bb, nb, A, t0, t1, 2, 0)
+    a3, b3 = _mx_pass2(w, og, bb, nb, A, t0, t1, 3, 0)
+    a4, b4 = _mx_pass2(w, og, bb, nb, A, t0, t1, 0, 1)
+    a5, b5 = _mx_pass2(w, og, bb, nb, A, t0, t1, 1, 1)
+    a6, b6 = _mx_pass2(w, og, bb, nb, A, t0, t1, 2, 1)
+    a7, b7 = _mx_pass2(w, og, bb, nb, A, t0, t1, 3, 1)
+    return (
+        _mx_fin(w, og, bb, nb, A, t0, a0, a1, a2, a3, a4, a5, a6, a7),
+        _mx_fin(w, og, bb, nb, A, t1, b0, b1, b2, b3, b4, b5, b6, b7),
+    )
 
 
 # ----------------------------------------------------------------------------- the formats
@@ -457,9 +560,17 @@ def mm_iq4_nl(w, desc, A, t0, t1, g0, g1, out, ot, add):
 
 
 @njit(cache=True)
+def mm_mxfp4_rows(w, desc, A, rows, n, adiv, a0, g0, g1, out, o0, add):
+    """``out[o0 + r] (+)= W . act(A[a0 + r // adiv])`` for the rows ``r`` of ``rows[:n]``
+    (empty ``rows``: ``r = 0..n-1``), see :func:`.drive.drive_rows`."""
+    nblk, k1, k2, k4, bb = desc[3] // _QK, mxfp4_t1, mxfp4_rows2, mxfp4_rows4, _BB_MXFP4
+    drive_rows(zero18, fin18, k1, k2, k4, w, desc[1], nblk, bb, g0, g1, A, rows, n, adiv, a0,
+               out, o0, add)  # fmt: skip
+
+
+@njit(cache=True)
 def mm_mxfp4(w, desc, A, t0, t1, g0, g1, out, ot, add):
-    nblk, k1, k2, bb = desc[3] // _QK, mxfp4_t1, mxfp4_t2, _BB_MXFP4
-    drive_lanes(zero18, fin18, k1, k2, w, desc[1], nblk, bb, g0, g1, A, t0, t1, out, ot, add)
+    mm_mxfp4_rows(w, desc, A, desc[:0], t1 - t0, 1, t0, g0, g1, out, ot, add)
 
 
 # --- row decoders: row ``r`` of the group block at ``w[o:]`` -> ``out[y0:y0+32]``
@@ -625,4 +736,4 @@ register(FormatTraits(LAYOUT_Q5_0, mm_q5_0, row_q5_0, q5_0_numpy))
 register(FormatTraits(LAYOUT_Q5_1, mm_q5_1, row_q5_1, q5_1_numpy, block_min="f2"))
 register(FormatTraits(LAYOUT_Q8_0, mm_q8_0, row_q8_0, q8_0_numpy))
 register(FormatTraits(LAYOUT_IQ4_NL, mm_iq4_nl, row_iq4_nl, iq4_nl_numpy))
-register(FormatTraits(LAYOUT_MXFP4, mm_mxfp4, row_mxfp4, mxfp4_numpy))
+register(FormatTraits(LAYOUT_MXFP4, mm_mxfp4, row_mxfp4, mxfp4_numpy, matmul_rows=mm_mxfp4_rows))

@@ -7,6 +7,8 @@ The role of ggml's ``type_traits`` / ``type_traits_cpu``. A :class:`FormatTraits
   kernels consume (``act``: q8 / q8_K / float, see :mod:`.quantize_act`);
 * ``matmul``: the compiled kernel ``mm(w, desc, A, t0, t1, g0, g1, out, ot, add)`` over
   repacked weights (its dot-product kernels per token count are bound inside it);
+  ``matmul_invariant`` / ``matmul_rows`` (optional): the same with single-token numerics
+  for every token, over a token range / over gathered rows (see the fields);
 * ``row``: the compiled decoder of one row of one repacked group block
   ``row(w, o, r, out, y0)`` (embedding lookups, the tied output head);
 * ``dequant_numpy``: the numpy twin of ``row`` over whole tensors
@@ -102,6 +104,11 @@ class FormatTraits:
     # call has (single-token numerics for every token), where ``matmul``'s does (it follows
     # llama.cpp's batched kernels); what a deterministic context runs. None: ``matmul``.
     matmul_invariant: Any = None
+    # a kernel ``mm_rows(w, desc, A, rows, n, adiv, a0, g0, g1, out, o0, add)`` over gathered
+    # rows (``out[o0 + r] (+)= W . act(A[a0 + r // adiv])`` for ``r`` in ``rows[:n]``; an
+    # empty ``rows``: ``r = 0..n-1``) with single-token numerics for every row: one expert's
+    # tokens in a mixture of experts. None: ``matmul`` called row by row.
+    matmul_rows: Any = None
 
     @property
     def type(self) -> GGMLType:
