@@ -42,6 +42,11 @@ _SCALES: dict[GGMLType, tuple[tuple[int, float], ...]] = {
     GGMLType.Q5_K: ((0, 0.00018), (2, 0.0003)),
     GGMLType.Q6_K: ((208, 0.00022),),
     GGMLType.IQ4_XS: ((0, 0.00003),),
+    GGMLType.IQ2_XXS: ((0, 0.0012),),
+    GGMLType.IQ2_XS: ((0, 0.0012),),
+    GGMLType.IQ2_S: ((0, 0.0012),),
+    GGMLType.IQ3_XXS: ((0, 0.0004),),
+    GGMLType.IQ3_S: ((0, 0.0001),),
 }
 # E8M0 exponent bytes of each block: (byte offset, lowest, highest) -- scales 2**(e - 128)
 # from 2**-8 to 2**-6, weights of std ~0.05

@@ -1,0 +1,389 @@
+"""Block kernels of the grid formats (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S) x q8_K.
+
+Weights are repacked to their integer form (the ``IQV`` field of :mod:`.formats`): per row
+and super-block of 256 the f16 ``d``, the integer scale of every 16 weights and the 256 signed
+values (grid magnitude with its sign, stored +128), so a kernel never looks a grid up. What
+the file stores in 2.06-3.44 bits per weight takes 8.56 here: the price of loads a vector
+kernel can use directly.
+
+llama.cpp multiplies these formats two ways on x86, and the kernels follow both:
+
+* under 8 tokens, ggml's AVX2 ``vec_dot``: 8 int32 lanes per super-block, lane ``j`` = the
+  scaled products of elements ``4j..4j+3`` of every 32; a product is ``|v| * (sign(v) x)``
+  with the sign applied to the activation byte as ggml does (q8_K bytes lie in -127..127,
+  so none wraps); each lane then ``fma(d_w * d_x, float(lane), acc_j)`` and the result
+  ``f * hsum_float_8`` (``f``: 1/8 for IQ2, 1/4 for IQ3_XXS, 1 for IQ3_S): ``iq_v1`` /
+  ``iq_v2`` with ``drive_lanes``;
+* from 8 tokens, the tiled K-quant kernels (``ggml-cpu/tiled``): the super-block as one
+  exact int32 ``s = sum_k scale_k * sum v x`` (``(v + 128) . x`` less 128 times the
+  activation sums of 16, as ggml's tiles), then ``acc = fma(float(s) * (d_w * f), d_x, acc)``:
+  ``*_tiled_t1`` / ``*_tiled_t4`` with ``drive``.
+
+So, as for Q6_K, a token's result depends on how many tokens its matmul has, as llama.cpp's.
+The formats' layouts, matmul kernels, row decoders, numpy twins and traits records close the
+file.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ..gguf.constants import GGMLType
+from ..quants import _iqcodes
+from ..simd import (
+    vabs_i8,
+    vbcast4,
+    vcvt,
+    vdpbusd,
+    vfma,
+    vload_f16,
+    vload_i32,
+    vload_u8,
+    vneg_mask_i8,
+    vsplat_f32,
+    vsplat_i32,
+    vsub_i8,
+    vzero_i32,
+)
+from .drive import drive, drive_lanes
+from .formats import iq_module
+from .qdot_k import TILED_MIN_TOKENS, _xk
+from .qdot_legacy import _hsum8, chunk_byte, f16_at, f16_np, zero
+from .traits import ACT_Q8K, IQV, IQV_SC, IQV_V, FormatTraits, Layout, register
+
+_B80 = np.int32(-0x7F7F7F80)  # 0x80808080: the +128 of each stored value byte
+
+
+@njit(cache=True, inline="always")
+def _sc(w, o, k):
+    """The integer scale of weights ``16k..16k+15`` of 16 rows."""
+    return vload_u8(w, o + IQV_SC + 16 * k)
+
+
+# ----------------------------------------------------------------------------- vec_dot
+@njit(cache=True, inline="always")
+def _vlane(w, o, xq, xi, j):
+    """ggml's lane ``j`` (elements 4j..4j+3 of every 32) of one super-block, one token."""
+    z = vzero_i32()
+    tot = z
+    for s in range(8):
+        v = vload_i32(w, o + IQV_V + 64 * (8 * s + j)) ^ vsplat_i32(_B80)
+        m = vneg_mask_i8(v)
+        x = vbcast4(xq, xi + 32 * s + 4 * j)
+        p = vdpbusd(z, vabs_i8(v), vsub_i8(x ^ m, m))
+        tot = tot + _sc(w, o, 2 * s + j // 4) * p
+    return tot
+
+
+@njit(cache=True, inline="always")
+def _vstep(w, o, A, t, b, a):
+    xq = A[4]
+    xi = _xk(A, t, b)
+    d = vload_f16(w, o) * vsplat_f32(A[5][t, b])
+    a0, a1, a2, a3, a4, a5, a6, a7, sm = a
+    a0 = vfma(d, vcvt(_vlane(w, o, xq, xi, 0)), a0)
+    a1 = vfma(d, vcvt(_vlane(w, o, xq, xi, 1)), a1)
+    a2 = vfma(d, vcvt(_vlane(w, o, xq, xi, 2)), a2)
+    a3 = vfma(d, vcvt(_vlane(w, o, xq, xi, 3)), a3)
+    a4 = vfma(d, vcvt(_vlane(w, o, xq, xi, 4)), a4)
+    a5 = vfma(d, vcvt(_vlane(w, o, xq, xi, 5)), a5)
+    a6 = vfma(d, vcvt(_vlane(w, o, xq, xi, 6)), a6)
+    a7 = vfma(d, vcvt(_vlane(w, o, xq, xi, 7)), a7)
+    return (a0, a1, a2, a3, a4, a5, a6, a7, sm)
+
+
+@njit(cache=True, inline="always")
+def iq_v1(w, o, A, t, b, nb, a):
+    """One token, ggml's ``vec_dot`` lanes (``qdot_legacy.zero``, the format's ``fin``)."""
+    return _vstep(w, o, A, t, b, a)
+
+
+@njit(cache=True, inline="always")
+def iq_v2(w, o, A, t, b, nb, a, c):
+    return _vstep(w, o, A, t, b, a), _vstep(w, o, A, t + 1, b, c)
+
+
+@njit(cache=True, inline="always")
+def fin_8th(a):
+    return vsplat_f32(0.125) * _hsum8(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7])
+
+
+@njit(cache=True, inline="always")
+def fin_4th(a):
+    return vsplat_f32(0.25) * _hsum8(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7])
+
+
+@njit(cache=True, inline="always")
+def fin_1(a):
+    return _hsum8(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7])
+
+
+# ----------------------------------------------------------------------------- tiled
+@njit(cache=True, inline="always")
+def _offset(w, o, A, t, b):
+    """``128 * sum_k scale_k * (sum of token t's activations k)``: what the stored +128 of
+    each value adds to ``sum_k scale_k * (u . x)``."""
+    tot = vzero_i32()
+    for k in range(16):
+        tot = tot + _sc(w, o, k) * vsplat_i32(128 * A[6][t, b * 16 + k])
+    return tot
+
+
+@njit(cache=True, inline="always")
+def _tsum1(w, o, A, t, b):
+    """The exact int32 ``sum_k scale_k * sum v x`` of one super-block, one token."""
+    xq = A[4]
+    xi = _xk(A, t, b)
+    tot = vzero_i32()
+    for k in range(16):
+        p = vzero_i32()
+        for c in range(4):
+            p = vdpbusd(
+                p, vload_i32(w, o + IQV_V + 64 * (4 * k + c)), vbcast4(xq, xi + 16 * k + 4 * c)
+            )
+        tot = tot + _sc(w, o, k) * p
+    return tot - _offset(w, o, A, t, b)
+
+
+@njit(cache=True, inline="always")
+def _tsum4(w, o, A, t, b):
+    """:func:`_tsum1` for tokens ``t..t+3``, the weights loaded once."""
+    xq = A[4]
+    x0 = _xk(A, t, b)
+    n = xq.shape[1]
+    t0 = t1 = t2 = t3 = vzero_i32()
+    for k in range(16):
+        p0 = p1 = p2 = p3 = vzero_i32()
+        for c in range(4):
+            u = vload_i32(w, o + IQV_V + 64 * (4 * k + c))
+            e = x0 + 16 * k + 4 * c
+            p0 = vdpbusd(p0, u, vbcast4(xq, e))
+            p1 = vdpbusd(p1, u, vbcast4(xq, e + n))
+            p2 = vdpbusd(p2, u, vbcast4(xq, e + 2 * n))
+            p3 = vdpbusd(p3, u, vbcast4(xq, e + 3 * n))
+        s = _sc(w, o, k)
+        t0, t1, t2, t3 = t0 + s * p0, t1 + s * p1, t2 + s * p2, t3 + s * p3
+    t0 = t0 - _offset(w, o, A, t, b)
+    t1 = t1 - _offset(w, o, A, t + 1, b)
+    t2 = t2 - _offset(w, o, A, t + 2, b)
+    t3 = t3 - _offset(w, o, A, t + 3, b)
+    return t0, t1, t2, t3
+
+
+@njit(cache=True, inline="always")
+def _tfin(acc, dw, A, t, b, s):
+    return vfma(vcvt(s) * dw, vsplat_f32(A[5][t, b]), acc)
+
+
+@njit(cache=True, inline="always")
+def _tiled_t1(w, o, A, t, b, acc, f):
+    dw = vload_f16(w, o) * vsplat_f32(f)
+    return _tfin(acc, dw, A, t, b, _tsum1(w, o, A, t, b))
+
+
+@njit(cache=True, inline="always")
+def _tiled_t4(w, o, A, t, b, a0, a1, a2, a3, f):
+    dw = vload_f16(w, o) * vsplat_f32(f)
+    s0, s1, s2, s3 = _tsum4(w, o, A, t, b)
+    a0 = _tfin(a0, dw, A, t, b, s0)
+    a1 = _tfin(a1, dw, A, t + 1, b, s1)
+    a2 = _tfin(a2, dw, A, t + 2, b, s2)
+    a3 = _tfin(a3, dw, A, t + 3, b, s3)
+    return a0, a1, a2, a3
+
+
+@njit(cache=True, inline="always")
+def tiled_8th_t1(w, o, A, t, b, acc):
+    return _tiled_t1(w, o, A, t, b, acc, 0.125)
+
+
+@njit(cache=True, inline="always")
+def tiled_8th_t4(w, o, A, t, b, a0, a1, a2, a3):
+    return _tiled_t4(w, o, A, t, b, a0, a1, a2, a3, 0.125)
+
+
+@njit(cache=True, inline="always")
+def tiled_4th_t1(w, o, A, t, b, acc):
+    return _tiled_t1(w, o, A, t, b, acc, 0.25)
+
+
+@njit(cache=True, inline="always")
+def tiled_4th_t4(w, o, A, t, b, a0, a1, a2, a3):
+    return _tiled_t4(w, o, A, t, b, a0, a1, a2, a3, 0.25)
+
+
+@njit(cache=True, inline="always")
+def tiled_1_t1(w, o, A, t, b, acc):
+    return _tiled_t1(w, o, A, t, b, acc, 1.0)
+
+
+@njit(cache=True, inline="always")
+def tiled_1_t4(w, o, A, t, b, a0, a1, a2, a3):
+    return _tiled_t4(w, o, A, t, b, a0, a1, a2, a3, 1.0)
+
+
+# ----------------------------------------------------------------------------- the formats
+_QK = 256
+
+
+def _layout(t: GGMLType) -> Layout:
+    return Layout.of(t, _QK, ACT_Q8K, (IQV, 0, iq_module(t).TYPE_SIZE, int(t)))
+
+
+LAYOUT_IQ2_XXS = _layout(GGMLType.IQ2_XXS)
+LAYOUT_IQ2_XS = _layout(GGMLType.IQ2_XS)
+LAYOUT_IQ2_S = _layout(GGMLType.IQ2_S)
+LAYOUT_IQ3_XXS = _layout(GGMLType.IQ3_XXS)
+LAYOUT_IQ3_S = _layout(GGMLType.IQ3_S)
+_BB = LAYOUT_IQ2_XXS.dst_bytes  # the same for every IQV format
+
+
+@njit(cache=True, inline="always")
+def _mm(v_fin, k1, k4, w, desc, A, t0, t1, g0, g1, out, ot, add):
+    nblk = desc[3] // _QK
+    if t1 - t0 >= TILED_MIN_TOKENS:  # llama.cpp's tiled kernels (see above)
+        drive(k1, k4, w, desc[1], nblk, _BB, g0, g1, A, t0, t1, out, ot, add)
+    else:
+        drive_lanes(
+            zero, v_fin, iq_v1, iq_v2, w, desc[1], nblk, _BB, g0, g1, A, t0, t1, out, ot, add
+        )
+
+
+@njit(cache=True)
+def mm_iq_8th(w, desc, A, t0, t1, g0, g1, out, ot, add):
+    """IQ2_XXS, IQ2_XS, IQ2_S."""
+    _mm(fin_8th, tiled_8th_t1, tiled_8th_t4, w, desc, A, t0, t1, g0, g1, out, ot, add)
+
+
+@njit(cache=True)
+def mm_iq_4th(w, desc, A, t0, t1, g0, g1, out, ot, add):
+    """IQ3_XXS."""
+    _mm(fin_4th, tiled_4th_t1, tiled_4th_t4, w, desc, A, t0, t1, g0, g1, out, ot, add)
+
+
+@njit(cache=True)
+def mm_iq_1(w, desc, A, t0, t1, g0, g1, out, ot, add):
+    """IQ3_S."""
+    _mm(fin_1, tiled_1_t1, tiled_1_t4, w, desc, A, t0, t1, g0, g1, out, ot, add)
+
+
+# the batch-invariant kernels (ggml's vec_dot for every token count)
+@njit(cache=True)
+def mm_iq_8th_vec(w, desc, A, t0, t1, g0, g1, out, ot, add):
+    nblk = desc[3] // _QK
+    drive_lanes(zero, fin_8th, iq_v1, iq_v2, w, desc[1], nblk, _BB, g0, g1, A, t0, t1, out, ot, add)
+
+
+@njit(cache=True)
+def mm_iq_4th_vec(w, desc, A, t0, t1, g0, g1, out, ot, add):
+    nblk = desc[3] // _QK
+    drive_lanes(zero, fin_4th, iq_v1, iq_v2, w, desc[1], nblk, _BB, g0, g1, A, t0, t1, out, ot, add)
+
+
+@njit(cache=True)
+def mm_iq_1_vec(w, desc, A, t0, t1, g0, g1, out, ot, add):
+    nblk = desc[3] // _QK
+    drive_lanes(zero, fin_1, iq_v1, iq_v2, w, desc[1], nblk, _BB, g0, g1, A, t0, t1, out, ot, add)
+
+
+# --- row decoders: ``mult(d, scale) * value`` as ggml's ``dequantize_row_*``
+@njit(cache=True, inline="always")
+def _row(t, w, o, r, out, y0):
+    d = f16_at(w, o, r)
+    c = _iqcodes.C[t]
+    for k in range(16):
+        m = _iqcodes.mult(t, d, np.int64(w[o + IQV_SC + 16 * k + r]))
+        for i in range(16):
+            v = np.int8((chunk_byte(w, o + IQV_V, r, 16 * k + i) - 128) & 0xFF)
+            out[y0 + 16 * k + i] = m * (np.float32(v) * c)
+
+
+_T_IQ2_XXS, _T_IQ2_XS, _T_IQ2_S = int(GGMLType.IQ2_XXS), int(GGMLType.IQ2_XS), int(GGMLType.IQ2_S)
+_T_IQ3_XXS, _T_IQ3_S = int(GGMLType.IQ3_XXS), int(GGMLType.IQ3_S)
+
+
+@njit(cache=True, inline="always")
+def row_iq2_xxs(w, o, r, out, y0):
+    _row(_T_IQ2_XXS, w, o, r, out, y0)
+
+
+@njit(cache=True, inline="always")
+def row_iq2_xs(w, o, r, out, y0):
+    _row(_T_IQ2_XS, w, o, r, out, y0)
+
+
+@njit(cache=True, inline="always")
+def row_iq2_s(w, o, r, out, y0):
+    _row(_T_IQ2_S, w, o, r, out, y0)
+
+
+@njit(cache=True, inline="always")
+def row_iq3_xxs(w, o, r, out, y0):
+    _row(_T_IQ3_XXS, w, o, r, out, y0)
+
+
+@njit(cache=True, inline="always")
+def row_iq3_s(w, o, r, out, y0):
+    _row(_T_IQ3_S, w, o, r, out, y0)
+
+
+# --- numpy twin: fields of .formats.unpack_fields -> float32 [rows, blocks, 256]
+def _numpy_of(t: GGMLType):
+    mod = iq_module(t)
+
+    def dequant(f: dict) -> np.ndarray:
+        d = f16_np(
+            np.ascontiguousarray(f["d"]).astype("<u2").view(np.uint8).reshape(*f["d"].shape, 2)
+        )
+        with np.errstate(all="ignore"):
+            m = mod.mult_numpy(d[..., None], f["sc"].astype(np.float32))  # [r, b, 16]
+            v = f["v"].astype(np.float32) * np.float32(mod.C)
+            y = np.repeat(m, 16, axis=-1) * v
+        return y.astype(np.float32)
+
+    dequant.__name__ = f"{t.name.lower()}_numpy"
+    return dequant
+
+
+register(
+    FormatTraits(
+        LAYOUT_IQ2_XXS,
+        mm_iq_8th,
+        row_iq2_xxs,
+        _numpy_of(GGMLType.IQ2_XXS),
+        matmul_invariant=mm_iq_8th_vec,
+    )
+)
+register(
+    FormatTraits(
+        LAYOUT_IQ2_XS,
+        mm_iq_8th,
+        row_iq2_xs,
+        _numpy_of(GGMLType.IQ2_XS),
+        matmul_invariant=mm_iq_8th_vec,
+    )
+)
+register(
+    FormatTraits(
+        LAYOUT_IQ2_S,
+        mm_iq_8th,
+        row_iq2_s,
+        _numpy_of(GGMLType.IQ2_S),
+        matmul_invariant=mm_iq_8th_vec,
+    )
+)
+register(
+    FormatTraits(
+        LAYOUT_IQ3_XXS,
+        mm_iq_4th,
+        row_iq3_xxs,
+        _numpy_of(GGMLType.IQ3_XXS),
+        matmul_invariant=mm_iq_4th_vec,
+    )
+)
+register(
+    FormatTraits(
+        LAYOUT_IQ3_S, mm_iq_1, row_iq3_s, _numpy_of(GGMLType.IQ3_S), matmul_invariant=mm_iq_1_vec
+    )
+)
