@@ -1,7 +1,7 @@
 """The grid formats' kernels (``ops/qdot_iq``) against numpy references of llama.cpp's two
 ways of multiplying them on x86: ``vec_dot`` under 8 tokens (8 int32 lanes per super-block,
 lane ``j`` = elements 4j..4j+3 of every 32, each lane ``fma(d_w * d_x, lane, acc_j)``, then
-``f * hsum_float_8``) and the tiled kernels from 8 tokens (one exact int32 per super-block,
+``f * hsum_float_8``; IQ1 keeps its delta products apart) and the tiled kernels from 8 tokens (one exact int32 per super-block,
 ``acc = fma(float(s) * (d_w * f), d_x, acc)``). Integer sums are exact and the float
 operations are taken in ggml's order, so the kernels must agree bit for bit."""
 
@@ -17,6 +17,7 @@ from llamacpy.ops import matmul as M
 from llamacpy.ops.quantize_act import quantize_q8k_numpy
 
 GRID = [GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ2_S, GGMLType.IQ3_XXS, GGMLType.IQ3_S]
+IQ1 = [GGMLType.IQ1_S, GGMLType.IQ1_M]
 FACTOR = {GGMLType.IQ3_XXS: 0.25, GGMLType.IQ3_S: 1.0}  # the others (IQ2): 1/8
 F32 = np.float32
 
@@ -64,6 +65,31 @@ def vec_dot_reference(d, v, sc16, q, dq, f):
     return out
 
 
+def iq1_vec_dot_reference(d, v, sc16, q, dq, per_lane_delta):
+    """ggml's AVX2 ``vec_dot`` of IQ1_S (``per_lane_delta`` False: the delta products as one
+    int per super-block) and IQ1_M (True: in 8 lanes of their own)."""
+    nrows, nblk = d.shape
+    out = np.zeros((len(q), nrows), F32)
+    g = (v + 4) >> 3  # v = 8 g + delta
+    delta = v - 8 * g
+    for n in range(len(q)):
+        acc = np.zeros((nrows, 8), F32)
+        acc2 = np.zeros((nrows, 8 if per_lane_delta else 1), F32)
+        for b in range(nblk):
+            x = q[n, 256 * b : 256 * (b + 1)].astype(np.int64)
+            s = np.repeat(sc16[:, b], 16, axis=1)
+            lg = (g[:, b] * x * s).reshape(nrows, 8, 8, 4).sum(axis=(1, 3))
+            ld = (delta[:, b] * x * s).reshape(nrows, 8, 8, 4).sum(axis=(1, 3))
+            if not per_lane_delta:
+                ld = ld.sum(-1, keepdims=True)
+            dd = (d[:, b] * dq[n, b]).astype(F32)[:, None]
+            acc = _fma(dd, lg.astype(F32), acc)
+            acc2 = _fma(dd, ld.astype(F32), acc2)
+        h2 = _hsum8(acc2) if per_lane_delta else acc2[:, 0]
+        out[n] = _hsum8(acc) + F32(0.125) * h2
+    return out
+
+
 def tiled_reference(d, v, sc16, q, dq, f):
     """llama.cpp's tiled kernels (float32 [tokens, rows])."""
     nrows, nblk = d.shape
@@ -80,7 +106,7 @@ def tiled_reference(d, v, sc16, q, dq, f):
     return out
 
 
-@pytest.mark.parametrize("t", GRID, ids=lambda t: t.name)
+@pytest.mark.parametrize("t", GRID + IQ1, ids=lambda t: t.name)
 @pytest.mark.parametrize("n_tok", [3, 9])
 def test_kernels_follow_llama_cpp_bit_for_bit(t: GGMLType, n_tok: int) -> None:
     """3 tokens: the vec_dot kernels (one pair, one single); 9: the tiled ones (a group of
@@ -95,12 +121,17 @@ def test_kernels_follow_llama_cpp_bit_for_bit(t: GGMLType, n_tok: int) -> None:
     out = np.zeros((n_tok, 48), F32)
     M.matmul(M.FormatSet([t]), packed, desc, a, 0, n_tok, 0, 3, out, 0, False)
     q, dq, _ = quantize_q8k_numpy(x)
-    ref = vec_dot_reference if n_tok < 8 else tiled_reference
-    want = ref(*_integer_form(raw, t, nrows, ncols), q, dq, FACTOR.get(t, 0.125))
+    ints = _integer_form(raw, t, nrows, ncols)
+    if n_tok >= 8:
+        want = tiled_reference(*ints, q, dq, FACTOR.get(t, 0.125))
+    elif t in IQ1:
+        want = iq1_vec_dot_reference(*ints, q, dq, t == GGMLType.IQ1_M)
+    else:
+        want = vec_dot_reference(*ints, q, dq, FACTOR.get(t, 0.125))
     np.testing.assert_array_equal(out[:, :nrows], want)
 
 
-@pytest.mark.parametrize("t", GRID, ids=lambda t: t.name)
+@pytest.mark.parametrize("t", GRID + IQ1, ids=lambda t: t.name)
 def test_repacked_integer_form_and_rows(t: GGMLType) -> None:
     """The repacked values and scales are the file's integer form; rows decode as the
     quants module dequantizes."""

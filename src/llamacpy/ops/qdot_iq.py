@@ -1,9 +1,10 @@
-"""Block kernels of the grid formats (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S) x q8_K.
+"""Block kernels of the grid formats (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S)
+x q8_K.
 
 Weights are repacked to their integer form (the ``IQV`` field of :mod:`.formats`): per row
 and super-block of 256 the f16 ``d``, the integer scale of every 16 weights and the 256 signed
 values (grid magnitude with its sign, stored +128), so a kernel never looks a grid up. What
-the file stores in 2.06-3.44 bits per weight takes 8.56 here: the price of loads a vector
+the file stores in 1.56-3.44 bits per weight takes 8.56 here: the price of loads a vector
 kernel can use directly.
 
 llama.cpp multiplies these formats two ways on x86, and the kernels follow both:
@@ -33,6 +34,7 @@ from ..gguf.constants import GGMLType
 from ..quants import _iqcodes
 from ..simd import (
     vabs_i8,
+    vand_k,
     vbcast4,
     vcvt,
     vdpbusd,
@@ -41,15 +43,17 @@ from ..simd import (
     vload_i32,
     vload_u8,
     vneg_mask_i8,
+    vsll,
     vsplat_f32,
     vsplat_i32,
+    vsrl,
     vsub_i8,
     vzero_i32,
 )
 from .drive import drive, drive_lanes
 from .formats import iq_module
 from .qdot_k import TILED_MIN_TOKENS, _xk
-from .qdot_legacy import _hsum8, chunk_byte, f16_at, f16_np, zero
+from .qdot_legacy import _hsum8, chunk_byte, f16_at, f16_np, zero, zero18
 from .traits import ACT_Q8K, IQV, IQV_SC, IQV_V, FormatTraits, Layout, register
 
 _B80 = np.int32(-0x7F7F7F80)  # 0x80808080: the +128 of each stored value byte
@@ -117,6 +121,135 @@ def fin_4th(a):
 @njit(cache=True, inline="always")
 def fin_1(a):
     return _hsum8(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7])
+
+
+# ----------------------------------------------------------------------------- IQ1 vec_dot
+# IQ1_S / IQ1_M values are v = 8 g + delta (g in -1..1, delta = +-1, as the tiled kernels
+# and :mod:`llamacpy.quants.iq1_s` hold them); ggml's vec_dot keeps the grid products
+# (lanes as above) and the delta products apart: IQ1_S adds the latter up as one int per
+# super-block (``fma(d, float(sumi1), acc1)``, the result ``hsum + acc1 / 8``), IQ1_M in 8
+# lanes of their own (``hsum(acc1) + hsum(acc2) / 8``).
+_M116 = 0x74747474  # 116 in each byte: u - 116 = 8 (g + 1) + delta + 4 >= 3
+_ONES = 0x01010101
+
+
+@njit(cache=True, inline="always")
+def _gp(u):
+    """``g + 1`` (0, 1, 2) in each byte of stored IQ1 values ``u = v + 128``."""
+    return vand_k(vsrl(u - vsplat_i32(_M116), 3), 0x1F1F1F1F)
+
+
+@njit(cache=True, inline="always")
+def _v1lane(w, o, xq, xi, j):
+    """IQ1 lane ``j``: the scaled sums of ``g x`` and of ``delta x`` over elements
+    4j..4j+3 of every 32 (exact: ``sum v x = pu - 128 sx``, ``sum g x = pg - sx``)."""
+    z = vzero_i32()
+    tg = z
+    td = z
+    for s in range(8):
+        u = vload_i32(w, o + IQV_V + 64 * (8 * s + j))
+        x = vbcast4(xq, xi + 32 * s + 4 * j)
+        pu = vdpbusd(z, u, x)
+        pg = vdpbusd(z, _gp(u), x)
+        sx = vdpbusd(z, vsplat_i32(_ONES), x)
+        sc = _sc(w, o, 2 * s + j // 4)
+        tg = tg + sc * (pg - sx)
+        td = td + sc * (pu - vsll(pg, 3) - sx * vsplat_i32(120))
+    return tg, td
+
+
+@njit(cache=True, inline="always")
+def _v1s_step(w, o, A, t, b, a):
+    xq = A[4]
+    xi = _xk(A, t, b)
+    d = vload_f16(w, o) * vsplat_f32(A[5][t, b])
+    a0, a1, a2, a3, a4, a5, a6, a7, sm = a
+    g, e = _v1lane(w, o, xq, xi, 0)
+    a0 = vfma(d, vcvt(g), a0)
+    g, e1 = _v1lane(w, o, xq, xi, 1)
+    a1 = vfma(d, vcvt(g), a1)
+    g, e2 = _v1lane(w, o, xq, xi, 2)
+    a2 = vfma(d, vcvt(g), a2)
+    g, e3 = _v1lane(w, o, xq, xi, 3)
+    a3 = vfma(d, vcvt(g), a3)
+    g, e4 = _v1lane(w, o, xq, xi, 4)
+    a4 = vfma(d, vcvt(g), a4)
+    g, e5 = _v1lane(w, o, xq, xi, 5)
+    a5 = vfma(d, vcvt(g), a5)
+    g, e6 = _v1lane(w, o, xq, xi, 6)
+    a6 = vfma(d, vcvt(g), a6)
+    g, e7 = _v1lane(w, o, xq, xi, 7)
+    a7 = vfma(d, vcvt(g), a7)
+    sm = vfma(d, vcvt(e + e1 + e2 + e3 + e4 + e5 + e6 + e7), sm)
+    return (a0, a1, a2, a3, a4, a5, a6, a7, sm)
+
+
+@njit(cache=True, inline="always")
+def iq1_s_v1(w, o, A, t, b, nb, a):
+    return _v1s_step(w, o, A, t, b, a)
+
+
+@njit(cache=True, inline="always")
+def iq1_s_v2(w, o, A, t, b, nb, a, c):
+    return _v1s_step(w, o, A, t, b, a), _v1s_step(w, o, A, t + 1, b, c)
+
+
+@njit(cache=True, inline="always")
+def fin_iq1_s(a):
+    h = _hsum8(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7])
+    return h + vsplat_f32(0.125) * a[8]
+
+
+@njit(cache=True, inline="always")
+def _v1m_step(w, o, A, t, b, a):
+    xq = A[4]
+    xi = _xk(A, t, b)
+    d = vload_f16(w, o) * vsplat_f32(A[5][t, b])
+    g0, e0 = _v1lane(w, o, xq, xi, 0)
+    g1, e1 = _v1lane(w, o, xq, xi, 1)
+    g2, e2 = _v1lane(w, o, xq, xi, 2)
+    g3, e3 = _v1lane(w, o, xq, xi, 3)
+    g4, e4 = _v1lane(w, o, xq, xi, 4)
+    g5, e5 = _v1lane(w, o, xq, xi, 5)
+    g6, e6 = _v1lane(w, o, xq, xi, 6)
+    g7, e7 = _v1lane(w, o, xq, xi, 7)
+    return (
+        vfma(d, vcvt(g0), a[0]),
+        vfma(d, vcvt(g1), a[1]),
+        vfma(d, vcvt(g2), a[2]),
+        vfma(d, vcvt(g3), a[3]),
+        vfma(d, vcvt(g4), a[4]),
+        vfma(d, vcvt(g5), a[5]),
+        vfma(d, vcvt(g6), a[6]),
+        vfma(d, vcvt(g7), a[7]),
+        vfma(d, vcvt(e0), a[8]),
+        vfma(d, vcvt(e1), a[9]),
+        vfma(d, vcvt(e2), a[10]),
+        vfma(d, vcvt(e3), a[11]),
+        vfma(d, vcvt(e4), a[12]),
+        vfma(d, vcvt(e5), a[13]),
+        vfma(d, vcvt(e6), a[14]),
+        vfma(d, vcvt(e7), a[15]),
+        a[16],
+        a[17],
+    )
+
+
+@njit(cache=True, inline="always")
+def iq1_m_v1(w, o, A, t, b, nb, a):
+    return _v1m_step(w, o, A, t, b, a)
+
+
+@njit(cache=True, inline="always")
+def iq1_m_v2(w, o, A, t, b, nb, a, c):
+    return _v1m_step(w, o, A, t, b, a), _v1m_step(w, o, A, t + 1, b, c)
+
+
+@njit(cache=True, inline="always")
+def fin_iq1_m(a):
+    h1 = _hsum8(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7])
+    h2 = _hsum8(a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15])
+    return h1 + vsplat_f32(0.125) * h2
 
 
 # ----------------------------------------------------------------------------- tiled
@@ -236,6 +369,8 @@ LAYOUT_IQ2_XS = _layout(GGMLType.IQ2_XS)
 LAYOUT_IQ2_S = _layout(GGMLType.IQ2_S)
 LAYOUT_IQ3_XXS = _layout(GGMLType.IQ3_XXS)
 LAYOUT_IQ3_S = _layout(GGMLType.IQ3_S)
+LAYOUT_IQ1_S = _layout(GGMLType.IQ1_S)
+LAYOUT_IQ1_M = _layout(GGMLType.IQ1_M)
 _BB = LAYOUT_IQ2_XXS.dst_bytes  # the same for every IQV format
 
 
@@ -266,6 +401,36 @@ def mm_iq_4th(w, desc, A, t0, t1, g0, g1, out, ot, add):
 def mm_iq_1(w, desc, A, t0, t1, g0, g1, out, ot, add):
     """IQ3_S."""
     _mm(fin_1, tiled_1_t1, tiled_1_t4, w, desc, A, t0, t1, g0, g1, out, ot, add)
+
+
+@njit(cache=True)
+def mm_iq1_s(w, desc, A, t0, t1, g0, g1, out, ot, add):
+    nblk = desc[3] // _QK
+    if t1 - t0 >= TILED_MIN_TOKENS:
+        drive(tiled_8th_t1, tiled_8th_t4, w, desc[1], nblk, _BB, g0, g1, A, t0, t1, out, ot, add)
+    else:
+        mm_iq1_s_vec(w, desc, A, t0, t1, g0, g1, out, ot, add)
+
+
+@njit(cache=True)
+def mm_iq1_s_vec(w, desc, A, t0, t1, g0, g1, out, ot, add):
+    nblk, k1, k2 = desc[3] // _QK, iq1_s_v1, iq1_s_v2
+    drive_lanes(zero, fin_iq1_s, k1, k2, w, desc[1], nblk, _BB, g0, g1, A, t0, t1, out, ot, add)
+
+
+@njit(cache=True)
+def mm_iq1_m(w, desc, A, t0, t1, g0, g1, out, ot, add):
+    nblk = desc[3] // _QK
+    if t1 - t0 >= TILED_MIN_TOKENS:
+        drive(tiled_8th_t1, tiled_8th_t4, w, desc[1], nblk, _BB, g0, g1, A, t0, t1, out, ot, add)
+    else:
+        mm_iq1_m_vec(w, desc, A, t0, t1, g0, g1, out, ot, add)
+
+
+@njit(cache=True)
+def mm_iq1_m_vec(w, desc, A, t0, t1, g0, g1, out, ot, add):
+    nblk, k1, k2 = desc[3] // _QK, iq1_m_v1, iq1_m_v2
+    drive_lanes(zero18, fin_iq1_m, k1, k2, w, desc[1], nblk, _BB, g0, g1, A, t0, t1, out, ot, add)
 
 
 # the batch-invariant kernels (ggml's vec_dot for every token count)
@@ -301,6 +466,17 @@ def _row(t, w, o, r, out, y0):
 
 _T_IQ2_XXS, _T_IQ2_XS, _T_IQ2_S = int(GGMLType.IQ2_XXS), int(GGMLType.IQ2_XS), int(GGMLType.IQ2_S)
 _T_IQ3_XXS, _T_IQ3_S = int(GGMLType.IQ3_XXS), int(GGMLType.IQ3_S)
+_T_IQ1_S, _T_IQ1_M = int(GGMLType.IQ1_S), int(GGMLType.IQ1_M)
+
+
+@njit(cache=True, inline="always")
+def row_iq1_s(w, o, r, out, y0):
+    _row(_T_IQ1_S, w, o, r, out, y0)
+
+
+@njit(cache=True, inline="always")
+def row_iq1_m(w, o, r, out, y0):
+    _row(_T_IQ1_M, w, o, r, out, y0)
 
 
 @njit(cache=True, inline="always")
@@ -385,5 +561,15 @@ register(
 register(
     FormatTraits(
         LAYOUT_IQ3_S, mm_iq_1, row_iq3_s, _numpy_of(GGMLType.IQ3_S), matmul_invariant=mm_iq_1_vec
+    )
+)
+register(
+    FormatTraits(
+        LAYOUT_IQ1_S, mm_iq1_s, row_iq1_s, _numpy_of(GGMLType.IQ1_S), matmul_invariant=mm_iq1_s_vec
+    )
+)
+register(
+    FormatTraits(
+        LAYOUT_IQ1_M, mm_iq1_m, row_iq1_m, _numpy_of(GGMLType.IQ1_M), matmul_invariant=mm_iq1_m_vec
     )
 )
