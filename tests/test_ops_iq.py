@@ -18,6 +18,7 @@ from llamacpy.ops.quantize_act import quantize_q8k_numpy
 
 GRID = [GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ2_S, GGMLType.IQ3_XXS, GGMLType.IQ3_S]
 IQ1 = [GGMLType.IQ1_S, GGMLType.IQ1_M]
+TQ = [GGMLType.TQ1_0, GGMLType.TQ2_0]
 FACTOR = {GGMLType.IQ3_XXS: 0.25, GGMLType.IQ3_S: 1.0}  # the others (IQ2): 1/8
 F32 = np.float32
 
@@ -90,6 +91,23 @@ def iq1_vec_dot_reference(d, v, sc16, q, dq, per_lane_delta):
     return out
 
 
+def tq_vec_dot_reference(d, v, q, dq, bsums):
+    """ggml's AVX2 ``vec_dot`` of TQ1_0 / TQ2_0: lane ``j`` = ``(v + 1) x`` over elements
+    4j..4j+3 of every 32 less the activation sums of 16 number 2j and 2j+1."""
+    nrows, nblk = d.shape
+    out = np.zeros((len(q), nrows), F32)
+    for n in range(len(q)):
+        acc = np.zeros((nrows, 8), F32)
+        for b in range(nblk):
+            x = q[n, 256 * b : 256 * (b + 1)].astype(np.int64)
+            lanes = ((v[:, b] + 1) * x).reshape(nrows, 8, 8, 4).sum(axis=(1, 3))
+            bs = bsums[n, 16 * b : 16 * (b + 1)].astype(np.int64).reshape(8, 2).sum(-1)
+            dd = (dq[n, b] * d[:, b]).astype(F32)[:, None]
+            acc = _fma((lanes - bs).astype(F32), dd, acc)
+        out[n] = _hsum8(acc)
+    return out
+
+
 def tiled_reference(d, v, sc16, q, dq, f):
     """llama.cpp's tiled kernels (float32 [tokens, rows])."""
     nrows, nblk = d.shape
@@ -106,11 +124,11 @@ def tiled_reference(d, v, sc16, q, dq, f):
     return out
 
 
-@pytest.mark.parametrize("t", GRID + IQ1, ids=lambda t: t.name)
+@pytest.mark.parametrize("t", GRID + IQ1 + TQ, ids=lambda t: t.name)
 @pytest.mark.parametrize("n_tok", [3, 9])
 def test_kernels_follow_llama_cpp_bit_for_bit(t: GGMLType, n_tok: int) -> None:
     """3 tokens: the vec_dot kernels (one pair, one single); 9: the tiled ones (a group of
-    four, then singles)."""
+    four, then singles), vec_dot again for TQ1_0 / TQ2_0, which have no tiled kernel."""
     nrows, ncols = 40, 768  # 3 row groups, the last one padded; 3 super-blocks per row
     raw = random_tensor(np.random.default_rng(11), t, nrows, ncols)
     packed = formats.repack(raw, t, nrows, ncols)
@@ -120,9 +138,11 @@ def test_kernels_follow_llama_cpp_bit_for_bit(t: GGMLType, n_tok: int) -> None:
     M.prepare_acts(x, 0, n_tok, ncols, M.act_need([t]), a)
     out = np.zeros((n_tok, 48), F32)
     M.matmul(M.FormatSet([t]), packed, desc, a, 0, n_tok, 0, 3, out, 0, False)
-    q, dq, _ = quantize_q8k_numpy(x)
+    q, dq, bsums = quantize_q8k_numpy(x)
     ints = _integer_form(raw, t, nrows, ncols)
-    if n_tok >= 8:
+    if t in TQ:
+        want = tq_vec_dot_reference(ints[0], ints[1], q, dq, bsums)
+    elif n_tok >= 8:
         want = tiled_reference(*ints, q, dq, FACTOR.get(t, 0.125))
     elif t in IQ1:
         want = iq1_vec_dot_reference(*ints, q, dq, t == GGMLType.IQ1_M)
@@ -131,7 +151,7 @@ def test_kernels_follow_llama_cpp_bit_for_bit(t: GGMLType, n_tok: int) -> None:
     np.testing.assert_array_equal(out[:, :nrows], want)
 
 
-@pytest.mark.parametrize("t", GRID + IQ1, ids=lambda t: t.name)
+@pytest.mark.parametrize("t", GRID + IQ1 + TQ, ids=lambda t: t.name)
 def test_repacked_integer_form_and_rows(t: GGMLType) -> None:
     """The repacked values and scales are the file's integer form; rows decode as the
     quants module dequantizes."""

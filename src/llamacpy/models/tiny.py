@@ -48,6 +48,8 @@ _SCALES: dict[GGMLType, tuple[tuple[int, float], ...]] = {
     GGMLType.IQ3_XXS: ((0, 0.0004),),
     GGMLType.IQ3_S: ((0, 0.0001),),
     GGMLType.IQ1_S: ((0, 0.006),),
+    GGMLType.TQ1_0: ((52, 0.05),),
+    GGMLType.TQ2_0: ((64, 0.05),),
 }
 # IQ1_M keeps its f16 scale in the top nibbles of its four 16-bit scale words (at byte 48)
 _IQ1M_SCALES, _IQ1M_D = 48, 0.006

@@ -1,5 +1,5 @@
 """Block kernels of the grid formats (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S)
-x q8_K.
+and the ternary ones (TQ1_0, TQ2_0) x q8_K.
 
 Weights are repacked to their integer form (the ``IQV`` field of :mod:`.formats`): per row
 and super-block of 256 the f16 ``d``, the integer scale of every 16 weights and the 256 signed
@@ -252,6 +252,51 @@ def fin_iq1_m(a):
     return h1 + vsplat_f32(0.125) * h2
 
 
+# ----------------------------------------------------------------------------- TQ1_0 / TQ2_0
+# The ternary formats (values q - 1, q in 0..2, no sub-block scales) have no tiled kernel in
+# llama.cpp: every token count goes through vec_dot, whose lane ``j`` is the products
+# ``q x`` of elements 4j..4j+3 of every 32 less the activation sums of 16 number 2j and
+# 2j+1 (its 16-bit lanes take ``bsums`` as they lie), then ``fma(float(lane), d_x * d_w,
+# acc_j)`` and ``hsum_float_8``.
+_M127 = 0x7F7F7F7F  # stored u = q - 1 + 128: u - 127 = q
+
+
+@njit(cache=True, inline="always")
+def _tq_lane(w, o, A, t, b, xi, j):
+    xq = A[4]
+    p = vzero_i32()
+    for c in range(8):
+        q = vload_i32(w, o + IQV_V + 64 * (8 * c + j)) - vsplat_i32(_M127)
+        p = vdpbusd(p, q, vbcast4(xq, xi + 32 * c + 4 * j))
+    return p - vsplat_i32(A[6][t, b * 16 + 2 * j] + A[6][t, b * 16 + 2 * j + 1])
+
+
+@njit(cache=True, inline="always")
+def _tq_step(w, o, A, t, b, a):
+    xi = _xk(A, t, b)
+    d = vload_f16(w, o) * vsplat_f32(A[5][t, b])
+    a0, a1, a2, a3, a4, a5, a6, a7, sm = a
+    a0 = vfma(vcvt(_tq_lane(w, o, A, t, b, xi, 0)), d, a0)
+    a1 = vfma(vcvt(_tq_lane(w, o, A, t, b, xi, 1)), d, a1)
+    a2 = vfma(vcvt(_tq_lane(w, o, A, t, b, xi, 2)), d, a2)
+    a3 = vfma(vcvt(_tq_lane(w, o, A, t, b, xi, 3)), d, a3)
+    a4 = vfma(vcvt(_tq_lane(w, o, A, t, b, xi, 4)), d, a4)
+    a5 = vfma(vcvt(_tq_lane(w, o, A, t, b, xi, 5)), d, a5)
+    a6 = vfma(vcvt(_tq_lane(w, o, A, t, b, xi, 6)), d, a6)
+    a7 = vfma(vcvt(_tq_lane(w, o, A, t, b, xi, 7)), d, a7)
+    return (a0, a1, a2, a3, a4, a5, a6, a7, sm)
+
+
+@njit(cache=True, inline="always")
+def tq_v1(w, o, A, t, b, nb, a):
+    return _tq_step(w, o, A, t, b, a)
+
+
+@njit(cache=True, inline="always")
+def tq_v2(w, o, A, t, b, nb, a, c):
+    return _tq_step(w, o, A, t, b, a), _tq_step(w, o, A, t + 1, b, c)
+
+
 # ----------------------------------------------------------------------------- tiled
 @njit(cache=True, inline="always")
 def _offset(w, o, A, t, b):
@@ -371,6 +416,8 @@ LAYOUT_IQ3_XXS = _layout(GGMLType.IQ3_XXS)
 LAYOUT_IQ3_S = _layout(GGMLType.IQ3_S)
 LAYOUT_IQ1_S = _layout(GGMLType.IQ1_S)
 LAYOUT_IQ1_M = _layout(GGMLType.IQ1_M)
+LAYOUT_TQ1_0 = _layout(GGMLType.TQ1_0)
+LAYOUT_TQ2_0 = _layout(GGMLType.TQ2_0)
 _BB = LAYOUT_IQ2_XXS.dst_bytes  # the same for every IQV format
 
 
@@ -433,6 +480,13 @@ def mm_iq1_m_vec(w, desc, A, t0, t1, g0, g1, out, ot, add):
     drive_lanes(zero18, fin_iq1_m, k1, k2, w, desc[1], nblk, _BB, g0, g1, A, t0, t1, out, ot, add)
 
 
+@njit(cache=True)
+def mm_tq(w, desc, A, t0, t1, g0, g1, out, ot, add):
+    """TQ1_0, TQ2_0 (vec_dot for every token count)."""
+    nblk = desc[3] // _QK
+    drive_lanes(zero, fin_1, tq_v1, tq_v2, w, desc[1], nblk, _BB, g0, g1, A, t0, t1, out, ot, add)
+
+
 # the batch-invariant kernels (ggml's vec_dot for every token count)
 @njit(cache=True)
 def mm_iq_8th_vec(w, desc, A, t0, t1, g0, g1, out, ot, add):
@@ -467,6 +521,17 @@ def _row(t, w, o, r, out, y0):
 _T_IQ2_XXS, _T_IQ2_XS, _T_IQ2_S = int(GGMLType.IQ2_XXS), int(GGMLType.IQ2_XS), int(GGMLType.IQ2_S)
 _T_IQ3_XXS, _T_IQ3_S = int(GGMLType.IQ3_XXS), int(GGMLType.IQ3_S)
 _T_IQ1_S, _T_IQ1_M = int(GGMLType.IQ1_S), int(GGMLType.IQ1_M)
+_T_TQ1_0, _T_TQ2_0 = int(GGMLType.TQ1_0), int(GGMLType.TQ2_0)
+
+
+@njit(cache=True, inline="always")
+def row_tq1_0(w, o, r, out, y0):
+    _row(_T_TQ1_0, w, o, r, out, y0)
+
+
+@njit(cache=True, inline="always")
+def row_tq2_0(w, o, r, out, y0):
+    _row(_T_TQ2_0, w, o, r, out, y0)
 
 
 @njit(cache=True, inline="always")
@@ -573,3 +638,5 @@ register(
         LAYOUT_IQ1_M, mm_iq1_m, row_iq1_m, _numpy_of(GGMLType.IQ1_M), matmul_invariant=mm_iq1_m_vec
     )
 )
+register(FormatTraits(LAYOUT_TQ1_0, mm_tq, row_tq1_0, _numpy_of(GGMLType.TQ1_0)))
+register(FormatTraits(LAYOUT_TQ2_0, mm_tq, row_tq2_0, _numpy_of(GGMLType.TQ2_0)))
