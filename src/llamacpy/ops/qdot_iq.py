@@ -10,9 +10,9 @@ kernel can use directly.
 llama.cpp multiplies these formats two ways on x86, and the kernels follow both:
 
 * under 8 tokens, ggml's AVX2 ``vec_dot``: 8 int32 lanes per super-block, lane ``j`` = the
-  scaled products of elements ``4j..4j+3`` of every 32; a product is ``|v| * (sign(v) x)``
-  with the sign applied to the activation byte as ggml does (q8_K bytes lie in -127..127,
-  so none wraps); each lane then ``fma(d_w * d_x, float(lane), acc_j)`` and the result
+  scaled products of elements ``4j..4j+3`` of every 32; ggml's product ``|v| * (sign(v)
+  x)`` (the sign applied to the activation byte) is ``v x`` as q8_K bytes lie in
+  -127..127; each lane then ``fma(d_w * d_x, float(lane), acc_j)`` and the result
   ``f * hsum_float_8`` (``f``: 1/8 for IQ2, 1/4 for IQ3_XXS, 1 for IQ3_S): ``iq_v1`` /
   ``iq_v2`` with ``drive_lanes``;
 * from 8 tokens, the tiled K-quant kernels (``ggml-cpu/tiled``): the super-block as one
@@ -33,7 +33,6 @@ from numba import njit
 from ..gguf.constants import GGMLType
 from ..quants import _iqcodes
 from ..simd import (
-    vabs_i8,
     vand_k,
     vbcast4,
     vcvt,
@@ -42,12 +41,10 @@ from ..simd import (
     vload_f16,
     vload_i32,
     vload_u8,
-    vneg_mask_i8,
     vsll,
     vsplat_f32,
     vsplat_i32,
     vsrl,
-    vsub_i8,
     vzero_i32,
 )
 from .drive import drive, drive_lanes
@@ -56,7 +53,7 @@ from .qdot_k import TILED_MIN_TOKENS, _xk
 from .qdot_legacy import _hsum8, chunk_byte, f16_at, f16_np, zero, zero18
 from .traits import ACT_Q8K, IQV, IQV_SC, IQV_V, FormatTraits, Layout, register
 
-_B80 = np.int32(-0x7F7F7F80)  # 0x80808080: the +128 of each stored value byte
+_ONES = 0x01010101
 
 
 @njit(cache=True, inline="always")
@@ -68,14 +65,17 @@ def _sc(w, o, k):
 # ----------------------------------------------------------------------------- vec_dot
 @njit(cache=True, inline="always")
 def _vlane(w, o, xq, xi, j):
-    """ggml's lane ``j`` (elements 4j..4j+3 of every 32) of one super-block, one token."""
+    """ggml's lane ``j`` (elements 4j..4j+3 of every 32) of one super-block, one token.
+
+    ggml multiplies ``|v|`` by the activation byte with ``v``'s sign; as q8_K bytes lie in
+    -127..127 that is ``v x`` exactly, taken here as ``(v + 128) . x`` started at
+    ``-128 * (x_0 + .. + x_3)``."""
     z = vzero_i32()
     tot = z
     for s in range(8):
-        v = vload_i32(w, o + IQV_V + 64 * (8 * s + j)) ^ vsplat_i32(_B80)
-        m = vneg_mask_i8(v)
         x = vbcast4(xq, xi + 32 * s + 4 * j)
-        p = vdpbusd(z, vabs_i8(v), vsub_i8(x ^ m, m))
+        p0 = z - vsll(vdpbusd(z, vsplat_i32(_ONES), x), 7)
+        p = vdpbusd(p0, vload_i32(w, o + IQV_V + 64 * (8 * s + j)), x)
         tot = tot + _sc(w, o, 2 * s + j // 4) * p
     return tot
 
@@ -130,7 +130,6 @@ def fin_1(a):
 # super-block (``fma(d, float(sumi1), acc1)``, the result ``hsum + acc1 / 8``), IQ1_M in 8
 # lanes of their own (``hsum(acc1) + hsum(acc2) / 8``).
 _M116 = 0x74747474  # 116 in each byte: u - 116 = 8 (g + 1) + delta + 4 >= 3
-_ONES = 0x01010101
 
 
 @njit(cache=True, inline="always")
@@ -299,13 +298,10 @@ def tq_v2(w, o, A, t, b, nb, a, c):
 
 # ----------------------------------------------------------------------------- tiled
 @njit(cache=True, inline="always")
-def _offset(w, o, A, t, b):
-    """``128 * sum_k scale_k * (sum of token t's activations k)``: what the stored +128 of
-    each value adds to ``sum_k scale_k * (u . x)``."""
-    tot = vzero_i32()
-    for k in range(16):
-        tot = tot + _sc(w, o, k) * vsplat_i32(128 * A[6][t, b * 16 + k])
-    return tot
+def _start(A, t, b, k):
+    """``-128 * (sum of token t's activations k of 16)``: a dot product of stored values
+    ``u = v + 128`` with the activations started here is ``sum v x``, exactly."""
+    return vsplat_i32(-128 * A[6][t, b * 16 + k])
 
 
 @njit(cache=True, inline="always")
@@ -315,13 +311,12 @@ def _tsum1(w, o, A, t, b):
     xi = _xk(A, t, b)
     tot = vzero_i32()
     for k in range(16):
-        p = vzero_i32()
+        p = _start(A, t, b, k)
         for c in range(4):
-            p = vdpbusd(
-                p, vload_i32(w, o + IQV_V + 64 * (4 * k + c)), vbcast4(xq, xi + 16 * k + 4 * c)
-            )
+            u = vload_i32(w, o + IQV_V + 64 * (4 * k + c))
+            p = vdpbusd(p, u, vbcast4(xq, xi + 16 * k + 4 * c))
         tot = tot + _sc(w, o, k) * p
-    return tot - _offset(w, o, A, t, b)
+    return tot
 
 
 @njit(cache=True, inline="always")
@@ -332,7 +327,10 @@ def _tsum4(w, o, A, t, b):
     n = xq.shape[1]
     t0 = t1 = t2 = t3 = vzero_i32()
     for k in range(16):
-        p0 = p1 = p2 = p3 = vzero_i32()
+        p0 = _start(A, t, b, k)
+        p1 = _start(A, t + 1, b, k)
+        p2 = _start(A, t + 2, b, k)
+        p3 = _start(A, t + 3, b, k)
         for c in range(4):
             u = vload_i32(w, o + IQV_V + 64 * (4 * k + c))
             e = x0 + 16 * k + 4 * c
@@ -342,10 +340,6 @@ def _tsum4(w, o, A, t, b):
             p3 = vdpbusd(p3, u, vbcast4(xq, e + 3 * n))
         s = _sc(w, o, k)
         t0, t1, t2, t3 = t0 + s * p0, t1 + s * p1, t2 + s * p2, t3 + s * p3
-    t0 = t0 - _offset(w, o, A, t, b)
-    t1 = t1 - _offset(w, o, A, t + 1, b)
-    t2 = t2 - _offset(w, o, A, t + 2, b)
-    t3 = t3 - _offset(w, o, A, t + 3, b)
     return t0, t1, t2, t3
 
 

@@ -495,48 +495,6 @@ def vdpbusd(typingctx, acc, a, b):
 
 
 @intrinsic
-def vsub_i8(typingctx, a, b):
-    """Bytewise ``a - b`` (64 bytes, wrapping; AVX-512BW ``vpsubb``)."""
-    if not (a == i32x16 and b == i32x16):
-        return None
-
-    def cg(context, builder, sig, args):
-        r = builder.sub(builder.bitcast(args[0], _V64B), builder.bitcast(args[1], _V64B))
-        return builder.bitcast(r, _V16I)
-
-    return i32x16(a, b), cg
-
-
-@intrinsic
-def vneg_mask_i8(typingctx, a):
-    """Per byte 0xFF where the byte is negative (as int8), else 0."""
-    if a != i32x16:
-        return None
-
-    def cg(context, builder, sig, args):
-        b = builder.bitcast(args[0], _V64B)
-        neg = builder.icmp_signed("<", b, _const(_V64B, 0))
-        return builder.bitcast(builder.sext(neg, _V64B), _V16I)
-
-    return i32x16(a), cg
-
-
-@intrinsic
-def vabs_i8(typingctx, a):
-    """Per byte ``|a|`` as int8 (wrapping: -128 stays 0x80, read as u8 128; ``vpabsb``)."""
-    if a != i32x16:
-        return None
-
-    def cg(context, builder, sig, args):
-        b = builder.bitcast(args[0], _V64B)
-        neg = builder.icmp_signed("<", b, _const(_V64B, 0))
-        r = builder.select(neg, builder.sub(_const(_V64B, 0), b), b)
-        return builder.bitcast(r, _V16I)
-
-    return i32x16(a), cg
-
-
-@intrinsic
 def vshuffle_bytes(typingctx, table, idx):
     """Byte table lookup: byte ``k`` = ``table[idx[k] & 15]`` within each 16-byte lane.
 
