@@ -2,11 +2,15 @@
 """Random-weight models of real shapes side by side with llama.cpp, in one run: prefill and
 decode speed of the architectures no real model here covers.
 
-    .venv/bin/python benchmarks/bench_shapes.py [--model NAME] [-p 512] [-n 128] [-t 2]
-        [-r 3] [--llama-bin DIR] [--dir DIR]
+    .venv/bin/python benchmarks/bench_shapes.py [--model NAME] [--type Q8_0] [-p 512]
+        [-n 128] [-t 2] [-r 3] [--llama-bin DIR] [--dir DIR]
 
-Models (Q8_0 weights, written once to ``--dir`` by ``models.tiny``):
+Models (random weights of ``--type``, Q8_0 by default, every matrix of that type; written
+once to ``--dir`` by ``models.tiny``):
 
+* ``qwen3-0.6b``: the dense ``qwen3`` with Qwen3-0.6B's shape (1024 wide, 28 layers, 16
+  query and 8 KV heads of 128, FFN 3072, vocabulary 151936): a small dense model to time the
+  weight formats on (``--type IQ2_XXS``, ``IQ3_S``, ...);
 * ``qwen35-0.8b``: the hybrid ``qwen35`` with Qwen3.5-0.8B's shape (1024 wide, 24 layers of
   which every fourth is full attention; 16 key and 16 value heads of 128 in the Gated
   DeltaNet layers, 8 query and 2 KV heads of 256 in the attention layers; FFN 3584;
@@ -34,6 +38,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine import DEFAULT_BIN, speed_table
 
 SHAPES = {
+    "qwen3-0.6b": ("qwen3", dict(
+        n_embd=1024, n_layer=28, n_ff=3072, n_head=16, n_head_kv=8, head_dim=128,
+        n_vocab=151936, n_ctx=4096,
+    )),
     "qwen35-0.8b": ("qwen35", dict(
         n_embd=1024, n_layer=24, n_ff=3584, n_head=8, n_head_kv=2, head_dim=256, n_rot=64,
         d_conv=4, d_state=128, n_group=16, dt_rank=16, n_vocab=248320, n_ctx=4096,
@@ -50,22 +58,24 @@ SHAPES = {
 }  # fmt: skip
 
 
-def write(name: str, path: Path) -> None:
+def write(name: str, path: Path, type_name: str = "Q8_0") -> None:
     from llamacpy.gguf import GGMLType
     from llamacpy.models.tiny import write_tiny_llama, write_tiny_qwen35
 
     arch, shape = SHAPES[name]
+    t = GGMLType[type_name]
     path.parent.mkdir(parents=True, exist_ok=True)
     print(f"writing {path} ...", flush=True)
     if arch == "qwen35":
-        write_tiny_qwen35(path, GGMLType.Q8_0, seed=0, **shape)
+        write_tiny_qwen35(path, t, seed=0, **shape)
     else:
-        write_tiny_llama(path, GGMLType.Q8_0, seed=0, arch=arch, **shape)
+        write_tiny_llama(path, t, seed=0, arch=arch, **shape)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", choices=sorted(SHAPES), default="qwen35-0.8b")
+    ap.add_argument("--type", default="Q8_0", help="weight type of every matrix")
     ap.add_argument("-p", type=int, default=512)
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("-t", type=int, default=2)
@@ -74,9 +84,9 @@ def main() -> None:
     ap.add_argument("--dir", default=str(Path.home() / ".cache/llamacpy/bench"))
     a = ap.parse_args()
 
-    path = Path(a.dir) / f"{a.model}-q8_0.gguf"
+    path = Path(a.dir) / f"{a.model}-{a.type.lower()}.gguf"
     if not path.exists():
-        write(a.model, path)
+        write(a.model, path, a.type)
     bin_dir = Path(a.llama_bin)
     have_llama = (bin_dir / "llama-bench").exists()
     print(f"model {path}\nthreads {a.t}, load: {os.getloadavg()}")

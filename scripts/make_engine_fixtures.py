@@ -3,13 +3,15 @@
 
 Run from the repository root with the project's venv::
 
-    .venv/bin/python scripts/make_engine_fixtures.py [--oracle-py /root/oracle/py]
+    .venv/bin/python scripts/make_engine_fixtures.py [--oracle-py /root/oracle/py/bin/python]
         [--bin /root/oracle/.../build/bin] [--only tiny|smollm2] [--tiny-cases MXFP4,...]
 
 Writes into ``tests/fixtures/engine/``:
 
 * ``tiny_logits.npz``: for every weight format, logits of llama.cpp on a tiny random llama
-  model (``llamacpy.models.tiny``, seed 1; the tests rebuild the same file) and its sha256
+  model (``llamacpy.models.tiny``, seed 1; the tests rebuild the same file) and its sha256,
+  for the grid formats also at ubatch 1 (``<format>_logits_ub1``); each is computed with 1
+  and 2 threads and a difference between the two is reported
   (``--tiny-cases``: only those cases, e.g. a new format, merged into the existing file);
 * ``smollm2.npz`` + ``smollm2.json``: SmolLM2 on ``text.txt`` split as ``llama-perplexity
   -c 512 -b 512`` does: token ids, llama.cpp's top-1 token at every position, the
@@ -66,6 +68,19 @@ def oracle(py: str, code: str) -> dict:
 
 
 TINY_ROPES = ("linear", "yarn", "llama3")  # rope variants, on Q8_0 models
+# formats whose kernels differ by token count in llama.cpp (single-token vec_dot, batched
+# tiled kernels from 8 tokens): their ubatch-1 logits are fixtures too (``<name>_logits_ub1``)
+UB1_TYPES = (
+    GGMLType.IQ2_XXS,
+    GGMLType.IQ2_XS,
+    GGMLType.IQ2_S,
+    GGMLType.IQ3_XXS,
+    GGMLType.IQ3_S,
+    GGMLType.IQ1_S,
+    GGMLType.IQ1_M,
+    GGMLType.TQ1_0,
+    GGMLType.TQ2_0,
+)
 
 
 def make_tiny(py: str, only: set[str] | None = None) -> None:
@@ -84,17 +99,27 @@ def make_tiny(py: str, only: set[str] | None = None) -> None:
         for name, t, rope in cases:
             path = Path(tmp) / f"tiny_{name}.gguf"
             write_tiny_llama(path, t, seed=TINY_SEED, rope=rope)
-            res = oracle(
-                py,
-                f"""
+            runs = {}
+            ubatches = (64, 1) if t in UB1_TYPES and rope == "none" else (64,)
+            for ub, nt in ((ub, nt) for ub in ubatches for nt in (2, 1)):
+                runs[ub, nt] = oracle(
+                    py,
+                    f"""
 import json, numpy as np
 from llama_cpp import Llama
-m = Llama({str(path)!r}, n_ctx=64, n_batch=64, logits_all=True, verbose=False,
-          flash_attn=True, n_threads=2)
+m = Llama({str(path)!r}, n_ctx=64, n_batch=64, n_ubatch={ub}, logits_all=True,
+          verbose=False, flash_attn=True, n_threads={nt}, n_threads_batch={nt})
 m.eval({TINY_TOKENS})
 print(json.dumps(np.array(m.scores[:{len(TINY_TOKENS)}]).tolist()))
 """,
-            )
+                )
+            res = runs[64, 2]
+            if runs[64, 1] != res:
+                print(f"tiny {name}: llama.cpp's logits differ between 1 and 2 threads")
+            if 1 in ubatches:  # the single-token kernels too (ubatch 1)
+                if runs[1, 1] != runs[1, 2]:
+                    print(f"tiny {name}: llama.cpp's ubatch-1 logits differ between threads")
+                out[f"{name}_logits_ub1"] = np.array(runs[1, 2], np.float32)
             out[f"{name}_logits"] = np.array(res, np.float32)
             out[f"{name}_sha256"] = np.array(hashlib.sha256(path.read_bytes()).hexdigest())
             print(f"tiny {name}: |logits| max {np.abs(out[f'{name}_logits']).max():.2f}")
@@ -241,7 +266,7 @@ def make_smollm2(py: str, bin_dir: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--oracle-py", default="/root/oracle/py")
+    ap.add_argument("--oracle-py", default="/root/oracle/py/bin/python")
     ap.add_argument("--bin", default=DEFAULT_BIN, help="llama.cpp tools directory")
     ap.add_argument("--only", choices=("tiny", "smollm2"))
     ap.add_argument("--tiny-cases", help="comma-separated tiny cases (e.g. MXFP4) to regenerate")

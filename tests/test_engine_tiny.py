@@ -57,6 +57,23 @@ def test_every_format_matches_llama_cpp(tiny_dir: Path, t: GGMLType) -> None:
     assert (got.argmax(-1) == want.argmax(-1)).all()
 
 
+# formats whose llama.cpp kernels change with the token count (vec_dot under 8 tokens, the
+# tiled kernels from 8): fixtures at the default ubatch and at ubatch 1
+UB1_TYPES = [t for t in traits.supported_types() if f"{t.name}_logits_ub1" in FIX.files]
+
+
+@pytest.mark.parametrize("t", UB1_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("n_ubatch", [512, 1])
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_grid_formats_are_bit_identical_at_every_ubatch(
+    tiny_dir: Path, t: GGMLType, n_ubatch: int, n_threads: int
+) -> None:
+    ctx = Context(tiny(tiny_dir, t), _params(n_ubatch=n_ubatch, n_threads=n_threads))
+    got = ctx.decode(Batch.from_tokens(TOKENS, logits="all"))
+    want = FIX[f"{t.name}_logits" if n_ubatch > 1 else f"{t.name}_logits_ub1"]
+    np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("rope", ["linear", "yarn", "llama3"])
 def test_rope_scaling_matches_llama_cpp(tiny_dir: Path, rope: str) -> None:
     path = tiny(tiny_dir, GGMLType.Q8_0, rope)

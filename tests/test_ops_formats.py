@@ -72,7 +72,7 @@ def test_bytes_short_of_the_tensor_are_a_clear_error(t: GGMLType) -> None:
 
 
 def test_unsupported_type_is_a_clear_error() -> None:
-    with pytest.raises(ModelError, match="IQ2_XXS is not supported.*supported: F32"):
-        formats.layout(GGMLType.IQ2_XXS, tensor="blk.0.attn_q.weight")
+    with pytest.raises(ModelError, match="Q8_K is not supported.*supported: F32"):
+        formats.layout(GGMLType.Q8_K, tensor="blk.0.attn_q.weight")
     with pytest.raises(ModelError, match="multiple of 32"):
         formats.repack(np.zeros(100, np.uint8), GGMLType.Q4_0, 2, 40)

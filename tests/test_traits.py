@@ -47,8 +47,8 @@ def test_every_type_is_registered_once_and_found_by_id() -> None:
 
 
 def test_an_unsupported_type_is_a_clear_error() -> None:
-    with pytest.raises(ModelError, match=r"IQ2_XXS.*'blk\.0\.ffn_up\.weight'.*supported: F32"):
-        traits.get(GGMLType.IQ2_XXS, tensor="blk.0.ffn_up.weight")
+    with pytest.raises(ModelError, match=r"Q8_K.*'blk\.0\.ffn_up\.weight'.*supported: F32"):
+        traits.get(GGMLType.Q8_K, tensor="blk.0.ffn_up.weight")
     with pytest.raises(ModelError, match="weight type 999 is not supported"):
         traits.get(999)
 

@@ -42,7 +42,17 @@ _SCALES: dict[GGMLType, tuple[tuple[int, float], ...]] = {
     GGMLType.Q5_K: ((0, 0.00018), (2, 0.0003)),
     GGMLType.Q6_K: ((208, 0.00022),),
     GGMLType.IQ4_XS: ((0, 0.00003),),
+    GGMLType.IQ2_XXS: ((0, 0.0012),),
+    GGMLType.IQ2_XS: ((0, 0.0012),),
+    GGMLType.IQ2_S: ((0, 0.0012),),
+    GGMLType.IQ3_XXS: ((0, 0.0004),),
+    GGMLType.IQ3_S: ((0, 0.0001),),
+    GGMLType.IQ1_S: ((0, 0.006),),
+    GGMLType.TQ1_0: ((52, 0.05),),
+    GGMLType.TQ2_0: ((64, 0.05),),
 }
+# IQ1_M keeps its f16 scale in the top nibbles of its four 16-bit scale words (at byte 48)
+_IQ1M_SCALES, _IQ1M_D = 48, 0.006
 # E8M0 exponent bytes of each block: (byte offset, lowest, highest) -- scales 2**(e - 128)
 # from 2**-8 to 2**-6, weights of std ~0.05
 _EXPONENTS: dict[GGMLType, tuple[tuple[int, int, int], ...]] = {
@@ -107,6 +117,12 @@ def random_tensor(rng: np.random.Generator, t: GGMLType, nrows: int, ncols: int)
         raw[:, off : off + 2] = val.view(np.uint8).reshape(nblk, 2)
     for off, lo, hi in _EXPONENTS.get(t, ()):
         raw[:, off] = lo + np.frombuffer(rng.bytes(nblk), np.uint8) % (hi - lo + 1)
+    if t == GGMLType.IQ1_M:
+        u = np.frombuffer(rng.bytes(2 * nblk), np.uint16).astype(np.float32) / 65535.0
+        bits = (_IQ1M_D * (0.5 + u)).astype(np.float16).view(np.uint16).astype(np.int64)
+        for k in range(4):  # nibble k of d -> the high nibble of word k's high byte
+            b = _IQ1M_SCALES + 2 * k + 1
+            raw[:, b] = (raw[:, b] & 0x0F) | (((bits >> (4 * k)) & 0xF) << 4)
     return raw.reshape(-1)
 
 

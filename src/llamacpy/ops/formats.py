@@ -14,10 +14,16 @@ Field kinds (per block of the group; offsets in bytes):
 * ``Q5HB``: a Q5 block's 32 high bits -> 4 bytes per row, byte ``j`` bit ``2c`` / ``2c+1``
   = the high bit of element ``4c+j`` / ``16+4c+j`` (the order the nibble chunks come in);
 * ``K4SC`` / ``Q3SC`` / ``IQ4XSSC``: 6-bit packed sub-block scales (and mins) unpacked to one
-  byte each, ``[sub-block][row]``.
+  byte each, ``[sub-block][row]``;
+* ``IQV``: a grid / ternary block (IQ1/IQ2/IQ3, TQ; ``elem`` = its type id) decoded to its
+  integer form (:mod:`llamacpy.quants._iqcodes`): the f16 ``d`` ``[row][2]``, the integer
+  sub-block scale of every 16 weights ``[16][row]`` (u8) and the 256 values, int8 made
+  unsigned (+128, as ``XOR80``) for ``vpdpbusd``, as ``CHUNK4``: 4384 bytes per group
+  block, 8.56 bits per weight (the file's 1.56-3.44).
 
 A repacked group block has the original 16 blocks' size, except where 6-bit scales are
-unpacked (Q3_K/Q4_K/Q5_K +4 bytes per row per 256 weights, IQ4_XS +2).
+unpacked (Q3_K/Q4_K/Q5_K +4 bytes per row per 256 weights, IQ4_XS +2) and the grid formats
+(decoded to bytes).
 Float formats use "blocks" of 16 elements.
 
 :func:`repack` / :func:`repack_many` (numba) and :func:`repack_numpy` (vectorized twin)
@@ -33,9 +39,25 @@ from numba import njit, prange
 
 from ..errors import ModelError
 from ..gguf.constants import GGMLType
+from ..quants import _iqcodes
 from ..simd import load_u32, store_u32
 from . import traits
-from .traits import CHUNK4, GROUP, IQ4XSSC, K4SC, Q3SC, Q5HB, ROWS, XOR80, Layout, T
+from .traits import (
+    CHUNK4,
+    GROUP,
+    IQ4XSSC,
+    IQV,
+    IQV_BYTES,
+    IQV_SC,
+    IQV_V,
+    K4SC,
+    Q3SC,
+    Q5HB,
+    ROWS,
+    XOR80,
+    Layout,
+    T,
+)
 
 
 def layout(t, tensor: str | None = None) -> Layout:
@@ -69,6 +91,23 @@ def _q3_scale(q, o, j):
     low = np.int64(q[o + j]) & 15 if j < 8 else np.int64(q[o + j - 8]) >> 4
     high = (np.int64(q[o + 8 + (j % 4)]) >> (2 * (j // 4))) & 3
     return (low | (high << 4)) - 32
+
+
+@njit(cache=True)
+def _repack_iqv(raw, s, out, d, r, t):
+    """Row ``r``'s block of grid format ``t`` (bytes at ``raw[s:]``) decoded into the IQV
+    group block at ``out[d:]``."""
+    v = np.empty(256, np.int8)
+    sc = np.empty(16, np.int32)
+    dbits = _iqcodes.decode(t, raw, s, v, sc)
+    nsub = _iqcodes.NSUB[t]
+    out[d + 2 * r] = dbits & 0xFF
+    out[d + 2 * r + 1] = (dbits >> 8) & 0xFF
+    for k in range(16):
+        out[d + IQV_SC + 16 * k + r] = sc[k * nsub // 16]
+    for c in range(64):
+        for j in range(4):
+            out[d + IQV_V + (c * 16 + r) * 4 + j] = np.uint8((v[4 * c + j] + 128) & 0xFF)
 
 
 @njit(cache=True, inline="always")
@@ -106,6 +145,8 @@ def _repack_op(raw, s, out, d, r, kind, n, e):
     elif kind == Q3SC:
         for j in range(16):
             out[d + j * 16 + r] = np.uint8(_q3_scale(raw, s, j) & 0xFF)
+    elif kind == IQV:
+        _repack_iqv(raw, s, out, d, r, e)
     elif kind == IQ4XSSC:
         sh = np.int64(raw[s]) | (np.int64(raw[s + 1]) << 8)
         for j in range(8):
@@ -355,6 +396,30 @@ def _q5_hbits_np(qh: np.ndarray) -> np.ndarray:
     return out
 
 
+def iq_module(t):
+    """The :mod:`llamacpy.quants` module of grid / ternary format ``t``."""
+    return next(m for m in _iqcodes.MODULES if int(m.TYPE) == int(t))
+
+
+def _iqv_np(f: np.ndarray, t: int) -> np.ndarray:
+    """Blocks ``[g, b, row, bytes]`` of grid format ``t`` -> IQV group blocks ``[g, b, 4448]``."""
+    ng, nblk = f.shape[:2]
+    mod = iq_module(t)
+    blocks = np.ascontiguousarray(f).reshape(-1, f.shape[-1]).view(mod.BLOCK).reshape(-1)
+    dbits, v, sc = mod.decode_numpy(blocks)
+    dbits = np.asarray(dbits)
+    dbits = dbits.view(np.uint16) if dbits.dtype == np.float16 else dbits.astype(np.uint16)
+    sc16 = np.repeat(sc.astype(np.int64), 16 // sc.shape[1], axis=1)  # [n, 16]
+    out = np.zeros((ng, nblk, IQV_BYTES), np.uint8)
+    out[..., :IQV_SC] = dbits.astype("<u2").view(np.uint8).reshape(ng, nblk, -1)
+    sc16 = sc16.reshape(ng, nblk, GROUP, 16).swapaxes(-1, -2)
+    out[..., IQV_SC:IQV_V] = sc16.astype(np.uint8).reshape(ng, nblk, -1)
+    u = (v.astype(np.int64) + 128).astype(np.uint8)
+    u = u.reshape(ng, nblk, GROUP, 64, 4).transpose(0, 1, 3, 2, 4)
+    out[..., IQV_V:] = u.reshape(ng, nblk, -1)
+    return out
+
+
 def repack_numpy(raw: np.ndarray, t: GGMLType | int, nrows: int, ncols: int) -> np.ndarray:
     """Vectorized twin of :func:`repack`."""
     lay = layout(t)
@@ -381,6 +446,8 @@ def repack_numpy(raw: np.ndarray, t: GGMLType | int, nrows: int, ncols: int) -> 
             v = np.concatenate([sc.swapaxes(-1, -2), mn.swapaxes(-1, -2)], axis=-2)
         elif kind == Q3SC:
             v = _q3_scales_np(f).swapaxes(-1, -2)
+        elif kind == IQV:
+            v = _iqv_np(f, e)
         else:  # IQ4XSSC
             v = _iq4xs_scales_np(f).swapaxes(-1, -2)
         v = np.ascontiguousarray(v).astype(np.uint8).reshape(ng, nblk, -1)
@@ -393,7 +460,8 @@ def unpack_fields(packed: np.ndarray, t: GGMLType | int, nrows: int, ncols: int)
 
     Names: ``f<src_off>`` for copied fields (bytes, as in the GGUF block), ``hb`` (Q5 high
     bits as a [..., 32] 0/1 array), ``sc``/``mn`` (K-quant sub-block scales and mins),
-    ``sc`` (Q3_K / IQ4_XS signed scales).
+    ``sc`` (Q3_K / IQ4_XS signed scales); IQV: ``d`` (f16 bits), ``sc`` (the scale of every
+    16 weights) and ``v`` (int8 values).
     """
     lay = layout(t)
     nblk, ng = ncols // lay.qk, n_groups(nrows)
@@ -426,6 +494,15 @@ def unpack_fields(packed: np.ndarray, t: GGMLType | int, nrows: int, ncols: int)
             v = p[:, :, do : do + 256].reshape(ng, nblk, 2, 8, GROUP).transpose(0, 1, 4, 2, 3)
             v = rows(v).astype(np.int64)
             fields["sc"], fields["mn"] = v[..., 0, :], v[..., 1, :]
+        elif kind == IQV:
+            q = p[:, :, do : do + IQV_BYTES]
+            d16 = rows(np.ascontiguousarray(q[..., :IQV_SC]).reshape(ng, nblk, GROUP, 2))
+            fields["d"] = np.ascontiguousarray(d16).view("<u2")[..., 0]
+            sc = q[..., IQV_SC:IQV_V].reshape(ng, nblk, 16, GROUP).transpose(0, 1, 3, 2)
+            fields["sc"] = rows(sc).astype(np.int64)
+            v = q[..., IQV_V:].reshape(ng, nblk, 64, GROUP, 4).transpose(0, 1, 3, 2, 4)
+            v = rows(np.ascontiguousarray(v).reshape(ng, nblk, GROUP, 256))
+            fields["v"] = (np.ascontiguousarray(v) ^ np.uint8(0x80)).view(np.int8)
         else:  # Q3SC, IQ4XSSC: signed bytes [sub][row]
             nsub = 16 if kind == Q3SC else 8
             v = p[:, :, do : do + nsub * GROUP].reshape(ng, nblk, nsub, GROUP)

@@ -32,7 +32,7 @@ from numba.extending import (
 )
 
 from ..gguf.constants import GGMLType
-from . import qdot_float, qdot_k, qdot_legacy, traits  # noqa: F401 (register the formats' records)
+from . import qdot_float, qdot_iq, qdot_k, qdot_legacy, traits  # noqa: F401 (register the formats' records)
 from .dequant import dequantize_repacked_numpy
 from .formats import unpack_fields
 from .quantize_act import (

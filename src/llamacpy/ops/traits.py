@@ -37,8 +37,12 @@ from ..errors import ModelError
 from ..gguf.constants import GGML_BLOCK_SIZES, GGMLType
 
 # repacked field kinds (see .formats)
-ROWS, CHUNK4, XOR80, T, Q5HB, K4SC, Q3SC, IQ4XSSC = range(8)
+ROWS, CHUNK4, XOR80, T, Q5HB, K4SC, Q3SC, IQ4XSSC, IQV = range(9)
 GROUP = 16  # rows per row group (vector lanes)
+# an IQV field (grid / ternary formats decoded to their integer form, see .formats): f16 d per
+# row, 16 scale bytes per row (one per 16 weights), 256 values + 128 (u8) per row
+IQV_D, IQV_SC, IQV_V = 0, GROUP * 2, GROUP * 18
+IQV_BYTES = IQV_V + GROUP * 256
 
 # which activation a format's kernel consumes
 ACT_Q8 = 0  # int8, one f32 scale per 32 (ggml's q8_0 / q8_1)
@@ -48,7 +52,7 @@ ACT_F16 = 3  # float32 rounded to f16 precision (ggml converts activations to f1
 ACT_BF16 = 4  # float32 rounded to bf16 precision
 
 # modules that define format kernels and register their records
-KERNEL_MODULES = ("qdot_float", "qdot_legacy", "qdot_k")
+KERNEL_MODULES = ("qdot_float", "qdot_legacy", "qdot_k", "qdot_iq")
 
 
 def _field_bytes(kind: int, n: int) -> int:
@@ -59,6 +63,8 @@ def _field_bytes(kind: int, n: int) -> int:
         return GROUP * 16
     if kind == IQ4XSSC:
         return GROUP * 8
+    if kind == IQV:
+        return IQV_BYTES
     return GROUP * n
 
 
