@@ -31,6 +31,8 @@ _NAMES = {
     "ModelInfo": "model",
     "load_model": "model",
     "LlamaState": "state",
+    "LlamaPromptLookupDecoding": "speculative",
+    "Speculator": "speculative",
 }
 
 __all__ = [
@@ -39,12 +41,14 @@ __all__ = [
     "GenerationConfig",
     "Llama",
     "LlamaGrammar",
+    "LlamaPromptLookupDecoding",
     "LlamaState",
     "LoadedModel",
     "LogitsProcessorList",
     "ModelInfo",
     "NotSupportedError",
     "Session",
+    "Speculator",
     "Step",
     "StopMatcher",
     "StoppingCriteriaList",
@@ -71,4 +75,5 @@ if TYPE_CHECKING:
     from .grammar import LlamaGrammar
     from .llama import Llama, LogitsProcessorList, StoppingCriteriaList, llama_cpp_sampler
     from .model import LoadedModel, ModelInfo, load_model
+    from .speculative import LlamaPromptLookupDecoding, Speculator
     from .state import LlamaState

@@ -68,6 +68,8 @@ class Timings:
     n_eval: int = 0
     t_sample: float = 0.0
     n_sample: int = 0
+    n_drafted: int = 0  # speculative decoding: proposed tokens, accepted ones
+    n_accepted: int = 0
 
     def reset(self) -> None:
         """Start counting again (the load time is kept)."""
@@ -83,6 +85,12 @@ class Timings:
 
         ms_s, ms_p, ms_e = 1e3 * self.t_sample, 1e3 * self.t_p_eval, 1e3 * self.t_eval
         total = 1e3 * (time.perf_counter() - self.t_start)
+        spec = []
+        if self.n_drafted:
+            spec = [
+                f"{prefix}:   draft acceptance = {div(self.n_accepted, self.n_drafted):10.5f} "
+                f"({self.n_accepted:5d} accepted / {self.n_drafted:5d} generated)"
+            ]
         return "\n".join(
             [
                 f"{prefix}:    sampling time = {ms_s:10.2f} ms / {self.n_sample:5d} runs   "
@@ -97,6 +105,7 @@ class Timings:
                 f"{div(1e3 * self.n_eval, ms_e):8.2f} tokens per second)",
                 f"{prefix}:       total time = {total:10.2f} ms / "
                 f"{self.n_p_eval + self.n_eval:5d} tokens",
+                *spec,
             ]
         )
 
@@ -226,6 +235,8 @@ class GenerationConfig:
     context_shift: bool = False
     n_keep: int = 0
     special: bool = False
+    # speculative decoding (api.speculative.Speculator; None: one token per decode)
+    speculator: Any = None
 
 
 class Session:
@@ -285,9 +296,14 @@ class Session:
         self._scores[pos0 : pos0 + len(rows)] = rows
         self.n_scored = pos0 + len(rows)
 
-    def decode(self, tokens: Sequence[int], *, all_logits: bool = False) -> np.ndarray:
+    def decode(
+        self, tokens: Sequence[int], *, all_logits: bool = False, verify: bool = False
+    ) -> np.ndarray:
         """Append ``tokens`` to the sequence in ``n_batch`` chunks; returns the logits of the
-        last token (``all_logits``: of every token, ``[len(tokens), n_vocab]``)."""
+        last token (``all_logits``: of every token, ``[len(tokens), n_vocab]``).
+        ``verify``: a speculative verification batch, computed with single-token numerics
+        (each row's logits as decoding the tokens one by one would give) and timed as
+        generation."""
         tokens = [int(t) for t in tokens]
         if len(self.tokens) + len(tokens) > self.n_ctx:
             raise ContextOverflowError(
@@ -304,7 +320,11 @@ class Session:
             batch = Batch.from_tokens(chunk, pos0=pos0, logits="all" if want_all else "last")
             t0 = time.perf_counter()
             try:
-                out = self.ctx.decode(batch)
+                out = (
+                    self.ctx.decode(batch, single_numerics=True)
+                    if verify
+                    else self.ctx.decode(batch)
+                )
             except BaseException:
                 # an interrupted or failed decode may leave some of the batch in the cache;
                 # a recurrent state cannot give it back and is forgotten whole
@@ -312,12 +332,12 @@ class Session:
                     self.reset()
                 raise
             dt = time.perf_counter() - t0
-            if len(chunk) > 1:
+            if len(chunk) > 1 and not verify:
                 self.timings.t_p_eval += dt
                 self.timings.n_p_eval += len(chunk)
             else:
                 self.timings.t_eval += dt
-                self.timings.n_eval += 1
+                self.timings.n_eval += len(chunk)
             self.tokens.extend(chunk)
             self.n_decoded += len(chunk)
             if want_all:
@@ -423,7 +443,7 @@ class Generation:
         self.finish_reason, self.stop_cause = reason, cause
 
     def _run(self) -> Iterator[Step]:
-        s, cfg, tok = self.session, self.config, self.session.tokenizer
+        s, cfg, _tok = self.session, self.config, self.session.tokenizer
         if len(self.prompt) >= s.n_ctx:
             raise ContextOverflowError(
                 f"the prompt has {len(self.prompt)} tokens but the context holds n_ctx = "
@@ -437,13 +457,56 @@ class Generation:
         timings = s.timings
         logits = s.last_logits
         n_ctx = s.n_ctx
+        spec = cfg.speculator
+        if spec is not None and not self._can_speculate():
+            spec = None
+        if spec is not None:
+            spec.begin(self.prompt)
+        # verified proposals: (proposed token, the logits row after it); their tokens are
+        # in the cache past the last sampled token
+        self._queue: list[tuple[int, np.ndarray]] = []
+        self._round = 0  # tokens proposed in the current verification round
+        try:
+            yield from self._loop(logits, utf8, stops, timings, n_ctx, spec)
+        finally:
+            self._drop_queue(spec)
+        if self.stop_cause != "stop":
+            tail = stops.feed(utf8.flush()) + stops.flush()
+            if tail:
+                self.text += tail
+                yield Step(None, tail)
+
+    def _can_speculate(self) -> bool:
+        """Proposed tokens that are rejected must leave the cache: a memory that cannot be
+        rewound (recurrent layers) decodes one token at a time."""
+        return bool(getattr(self.session.ctx, "can_rewind", True))
+
+    def _drop_queue(self, spec: Any, keep_row: np.ndarray | None = None) -> None:
+        """End a verification round: the proposals not consumed leave the cache."""
+        s = self.session
+        if spec is not None and self._round:
+            spec.record(self._round, self._round - len(self._queue))
+            s.timings.n_drafted += self._round
+            s.timings.n_accepted += self._round - len(self._queue)
+        self._round = 0
+        if self._queue:
+            row = self._last_row if keep_row is None else keep_row
+            s.truncate(len(s.tokens) - len(self._queue))
+            self._queue.clear()
+            s.last_logits = row
+
+    def _loop(self, logits, utf8, stops, timings, n_ctx, spec) -> Iterator[Step]:
+        s, cfg, tok = self.session, self.config, self.session.tokenizer
+        queue = self._queue
         while True:
             assert logits is not None
+            self._last_row = logits
             if 0 <= cfg.max_tokens <= len(self.tokens):
                 self._finish("length", "max_tokens")
                 break
             row = logits
-            ids = np.array(s.tokens, np.intc) if cfg.logits_processors else None
+            n_done = len(s.tokens) - len(queue)  # the cache without unconsumed proposals
+            ids = np.array(s.tokens[:n_done], np.intc) if cfg.logits_processors else None
             t0 = time.perf_counter()
             if cfg.logits_processors:
                 row = np.array(logits, np.float32)
@@ -453,7 +516,7 @@ class Generation:
             timings.t_sample += time.perf_counter() - t0
             timings.n_sample += 1
             if cfg.stopping_criteria:
-                ids = np.array(s.tokens, np.intc)
+                ids = np.array(s.tokens[:n_done], np.intc)
                 if any(crit(ids, logits) for crit in cfg.stopping_criteria):
                     self._finish("stop", "criteria")  # as llama-cpp-python: token dropped
                     break
@@ -474,14 +537,28 @@ class Generation:
             if 0 <= cfg.max_tokens <= len(self.tokens):
                 self._finish("length", "max_tokens")
                 break
+            if queue and queue[0][0] == token:  # a verified proposal: its row is ready
+                logits = queue.pop(0)[1]
+                continue
+            self._drop_queue(spec, logits)  # (a rejected proposal ends the round)
             if len(s.tokens) + 1 >= n_ctx:  # no room to decode this token and sample another
                 if not cfg.context_shift or s.context_shift(cfg.n_keep) == 0:
                     self._finish("length", "context")
                     break
                 self.n_shifted += 1
-            logits = s.decode([token])
-        if self.stop_cause != "stop":
-            tail = stops.feed(utf8.flush()) + stops.flush()
-            if tail:
-                self.text += tail
-                yield Step(None, tail)
+            draft: list[int] = []
+            if spec is not None:
+                room = n_ctx - len(s.tokens) - 2  # this token, proposals, one more sample
+                if cfg.max_tokens >= 0:
+                    room = min(room, cfg.max_tokens - len(self.tokens) - 1)
+                draft = spec.propose([*self.prompt, *self.tokens], room) if room > 0 else []
+            t0 = time.perf_counter()
+            if draft:
+                rows = s.decode([token, *draft], all_logits=True, verify=True)
+                logits = rows[0]
+                queue.extend(zip(draft, rows[1:]))
+                self._round = len(draft)
+            else:
+                logits = s.decode([token])
+            if spec is not None:
+                spec.timed(1 + len(draft), time.perf_counter() - t0)

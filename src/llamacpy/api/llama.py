@@ -68,7 +68,7 @@ _ROPE_SCALING = {-1: None, 0: "none", 1: "linear", 2: "yarn", 3: "longrope"}
 _IGNORED = {"n_gpu_layers", "split_mode", "main_gpu", "tensor_split", "offload_kqv",
             "flash_attn", "op_offload", "no_perf", "numa",
             "attention_type", "spm_infill"}  # fmt: skip
-_REFUSED = {"lora_base", "lora_path", "draft_model", "tokenizer"}
+_REFUSED = {"lora_base", "lora_path", "tokenizer"}
 
 
 class LogitsProcessorList(list):
@@ -194,6 +194,7 @@ class Llama:
         type_v: int | str | None = None,
         swa_full: bool | None = None,
         deterministic: bool = False,
+        draft_model: Any = None,
         verbose: bool = True,
         **kwargs: Any,
     ) -> None:
@@ -202,6 +203,11 @@ class Llama:
         if refused or unknown:
             what = refused or unknown
             raise UsageError(f"Llama: unsupported argument(s): {', '.join(what)}")
+        proposer = None
+        if draft_model is not None:  # (checked before the model loads)
+            from .speculative import as_proposer
+
+            proposer = as_proposer(draft_model)
         self.model_path = os.fspath(model_path)
         self.verbose = verbose
         self._seed = seed or LLAMA_DEFAULT_SEED
@@ -248,6 +254,11 @@ class Llama:
             self._session = Session(self._loaded.ctx, self._tokenizer, keep_logits=logits_all)
             self._session.timings.t_load = self._loaded.load_time
             self.n_batch = self._loaded.ctx.n_batch
+        self._speculator = None
+        if proposer is not None and self._loaded is not None and self._loaded.ctx.can_rewind:
+            from .speculative import Speculator
+
+            self._speculator = Speculator(proposer)  # (a recurrent model decodes plainly)
         self.metadata: dict[str, str] = metadata_strings(self._info.metadata)
         self.chat_format = chat_format or default_format(self._tokenizer)
         if verbose:
@@ -395,6 +406,7 @@ class Llama:
             stopping_criteria=list(stopping_criteria or []),
             keep_logits=logprobs is not None,
             prompt_logits=echo and logprobs is not None,
+            speculator=self._speculator,
         )
         if self.verbose:
             session.timings.reset()  # per-call timings, as llama-cpp-python prints them

@@ -48,7 +48,12 @@ class Chat:
     """The conversation state: messages, a session over the model's context, sampling."""
 
     def __init__(
-        self, model: Any, params: Any, system: str | None = None, n_predict: int = -1
+        self,
+        model: Any,
+        params: Any,
+        system: str | None = None,
+        n_predict: int = -1,
+        speculator: Any = None,
     ) -> None:
         from ..api.generation import Session
 
@@ -60,6 +65,7 @@ class Chat:
         self.session.timings.t_load = model.load_time
         self.system = system
         self.n_predict = n_predict
+        self.speculator = speculator
         self.messages: list[dict[str, str]] = []
         self.clear()
 
@@ -74,7 +80,11 @@ class Chat:
         text = self.template.apply(self.messages)
         tokens = self.tok.encode(text, add_special=True, parse_special=True)
         chain = sampler_chain(self.params, self.tok, self.session.n_ctx)
-        config = GenerationConfig(max_tokens=self.n_predict, stop_at_eog=not self.params.ignore_eos)
+        config = GenerationConfig(
+            max_tokens=self.n_predict,
+            stop_at_eog=not self.params.ignore_eos,
+            speculator=self.speculator,
+        )
         try:
             gen = self.session.generate(tokens, chain, config)
             answer = []
@@ -113,12 +123,17 @@ def template_note(tok: Any) -> str | None:
 
 
 def _chat(args: argparse.Namespace) -> int:
+    from .spec import check_spec_args
+
+    check_spec_args(args)
     model = load(args)
     params = sampling_params(args, model.info.metadata)
     note = template_note(model.tokenizer)
     if note:
         print(note, file=sys.stderr)
-    chat = Chat(model, params, args.system_prompt, args.n_predict)
+    from .spec import speculator
+
+    chat = Chat(model, params, args.system_prompt, args.n_predict, speculator(args, model))
     inp, out = sys.stdin, sys.stdout
     output_begins()
     if inp.isatty():
@@ -153,6 +168,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Interactive conversation using the model's chat template.",
     )
     add_model_args(p)
+    from .spec import add_spec_args
+
+    add_spec_args(p)
     p.add_argument("-sys", "--system-prompt", default=None, help="system message")
     p.add_argument("-n", "--predict", "--n-predict", dest="n_predict", type=int, default=-1,
                    help="most tokens per reply (default: -1 = until end of turn)")  # fmt: skip

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..errors import LlamacpyError, UsageError
 from . import add_compat_args, add_context_args, add_warmup_arg, context_params
+from .spec import add_spec_args, check_spec_args
 
 # flag -> (SamplingParams field, type, help)
 _SAMPLING_FLAGS: list[tuple[tuple[str, ...], str, type, str]] = [
@@ -272,6 +273,7 @@ def _run(args: argparse.Namespace) -> int:
                          f"context is full) or >= 0, not {args.n_predict}")  # fmt: skip
     prompt = _read_prompt(args)
     grammar = grammar_text(args)
+    check_spec_args(args)
     model = load(args)  # (first: the weights are copied while the rest is imported)
     from ..api.generation import ContextOverflowError, GenerationConfig, Session
 
@@ -297,7 +299,10 @@ def _run(args: argparse.Namespace) -> int:
         n_keep += int(tok.add_bos)  # always keep the BOS token
     session = Session(ctx, tok)
     session.timings.t_load = model.load_time
+    from .spec import speculator
+
     config = GenerationConfig(
+        speculator=speculator(args, model),
         max_tokens=args.n_predict if args.n_predict >= 0 else -1,
         stop=[s for s in args.reverse_prompt if s],
         stop_at_eog=not params.ignore_eos,
@@ -335,6 +340,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Generate text from a prompt; the text goes to stdout, timings to stderr.",
     )
     add_model_args(p)
+    add_spec_args(p)
     p.add_argument("-p", "--prompt", help="prompt text")
     p.add_argument("-f", "--file", help="read the prompt from FILE")
     p.add_argument("-n", "--predict", "--n-predict", dest="n_predict", type=int, default=-1,

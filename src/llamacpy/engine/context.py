@@ -30,7 +30,7 @@ from .iswa import ISWACache
 from .kv_cache import KVCache
 from .memory import Memory
 from .params import ContextParams, physical_cores, setup_threads
-from .recurrent import HybridMemory
+from .recurrent import HybridMemory, RecurrentMemory
 
 MODE_ROWS, MODE_TILED, MODE_SPLIT = 0, 1, 2
 _TILED_MIN_TOKENS = 64  # ggml's flash-attention Q tile: ubatches this large use the tiled path
@@ -127,8 +127,14 @@ class Context:
             seq_pos_max=seq_pos_max,
         )
 
-    def decode(self, batch: Batch) -> np.ndarray:
-        """Decode a batch; returns float32 logits ``[n_outputs, n_vocab]``."""
+    def decode(self, batch: Batch, *, single_numerics: bool = False) -> np.ndarray:
+        """Decode a batch; returns float32 logits ``[n_outputs, n_vocab]``.
+
+        ``single_numerics``: every token's logits are computed with the arithmetic of a
+        one-token decode (the batch-invariant matmul kernels, one-token attention for each
+        row), so they equal what decoding the tokens one by one would give: the
+        verification of proposed tokens in speculative decoding, whose greedy output then
+        equals plain decoding's."""
         with self._lock:
             kv = self.kv
             self._check(batch, kv.seq_pos_max)
@@ -138,11 +144,11 @@ class Context:
             ubs = split_batch(batch, self.n_ubatch)
             try:
                 if len(ubs) == 1:
-                    return self._forward(ubs[0]).copy()
+                    return np.array(self._forward(ubs[0], single_numerics), copy=True)
                 out = np.empty((batch.n_outputs, self.n_vocab), np.float32)
                 row = 0
                 for ub in ubs:
-                    logits = self._forward(ub)
+                    logits = self._forward(ub, single_numerics)
                     out[row : row + len(logits)] = logits
                     row += len(logits)
                 return out
@@ -159,10 +165,13 @@ class Context:
             if not self.kv.seq_rm(s, int(pos[seq == s].min()), -1):
                 self.kv.seq_rm(s, -1, -1)
 
-    def _forward(self, ub: UBatch) -> np.ndarray:
+    def _forward(self, ub: UBatch, single: bool = False) -> np.ndarray:
         kv = self.kv
-        sl = kv.prepare(ub, ordered=self.params.deterministic)
         n = len(ub)
+        det = self.params.deterministic
+        if single and n > 1 and not det:
+            return self._forward_single(ub)
+        sl = kv.prepare(ub, ordered=det)
         nth = self.n_threads if n == 1 else self.n_threads_batch
         arrays = UBatchArrays(
             ub.token, ub.pos, sl.cells, sl.mask, sl.n_kv, ub.out_idx,
@@ -170,8 +179,45 @@ class Context:
             self._mode(n, sl.n_kv), self._mode(n, sl.n_kv_swa), sl.order, sl.order_swa,
             sl.rows,
         )  # fmt: skip
-        det = self.params.deterministic
         return self.model.forward(self.ws, arrays, kv.forward_arrays(), nth, det)
+
+    def _forward_single(self, ub: UBatch) -> np.ndarray:
+        """A ubatch whose every row is computed as a one-token decode would compute it: the
+        invariant matmul kernels, the one-token attention kernel over the range of cells that
+        decode would have looked at (the used range padded to 256 grows as the rows are
+        placed: rows that would have seen different ranges go in separate passes)."""
+        kv = self.kv
+        parts = (kv.base, kv.swa) if isinstance(kv, ISWACache) else (kv, kv)
+        tops = [p.n_kv_top for p in parts] if all(isinstance(p, KVCache) for p in parts) else None
+        sl = kv.prepare(ub, ordered=False)
+        n = len(ub)
+        if tops is None:  # (a recurrent memory: its attention layers' range as the batch's)
+            ranges = np.array([[sl.n_kv, sl.n_kv_swa]] * n, np.int64)
+        else:
+            cols = []
+            for part, top, cells in zip(parts, tops, (sl.cells, sl.cells_swa), strict=True):
+                reach = np.maximum.accumulate(np.maximum(cells.astype(np.int64) + 1, top))
+                cols.append([part.n_kv_for(int(r)) for r in reach])
+            ranges = np.array(cols, np.int64).T
+        out_idx = ub.out_idx
+        rows: list[np.ndarray] = []
+        a = 0
+        while a < n:
+            b = a + 1
+            while b < n and (ranges[b] == ranges[a]).all():
+                b += 1
+            nk, nk_swa = int(ranges[a, 0]), int(ranges[a, 1])
+            sel = out_idx[(out_idx >= a) & (out_idx < b)]
+            arrays = UBatchArrays(
+                ub.token[a:b], ub.pos[a:b], sl.cells[a:b], sl.mask[a:b, :nk], nk,
+                (sel - a).astype(np.int32), sl.cells_swa[a:b], sl.mask_swa[a:b, :nk_swa],
+                nk_swa, self._mode(1, nk), self._mode(1, nk_swa), None, None,
+                None if sl.rows is None else sl.rows[a:b],
+            )  # fmt: skip
+            fa = kv.forward_arrays()
+            rows.append(self.model.forward(self.ws, arrays, fa, self.n_threads, True).copy())
+            a = b
+        return np.concatenate(rows) if len(rows) > 1 else rows[0]
 
     def _mode(self, n: int, n_kv: int) -> int:
         """The attention kernel of a ubatch of ``n`` tokens over ``n_kv`` cells (llama.cpp's
@@ -193,6 +239,12 @@ class Context:
         """How many of a cached sequence's first ``n`` positions a continuation can keep
         (``n``, or 0 when a sliding-window cache no longer holds what it needs)."""
         return self.kv.n_keep(seq_id, n)
+
+    @property
+    def can_rewind(self) -> bool:
+        """A sequence's last positions can be removed (``seq_rm(s, p, -1)``) and decoding
+        continue from ``p``: not so for a memory with recurrent states."""
+        return not isinstance(self.kv, HybridMemory | RecurrentMemory)
 
     @property
     def can_snapshot(self) -> bool:

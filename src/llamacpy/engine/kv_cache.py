@@ -153,7 +153,16 @@ class KVCache(Memory):
 
     def n_kv(self) -> int:
         """Cells the attention looks at: the used range padded to 256, as ggml."""
-        return min(self.n_ctx, max(N_KV_PAD, -(-self._top // N_KV_PAD) * N_KV_PAD))
+        return self.n_kv_for(self._top)
+
+    def n_kv_for(self, top: int) -> int:
+        """:meth:`n_kv` when the used range ends at cell ``top``."""
+        return min(self.n_ctx, max(N_KV_PAD, -(-top // N_KV_PAD) * N_KV_PAD))
+
+    @property
+    def n_kv_top(self) -> int:
+        """The end of the used range of cells."""
+        return self._top
 
     def _changed(self) -> None:
         """Cell metadata changed outside :meth:`place`: drop memos."""

@@ -918,13 +918,18 @@ def _attention(c, kv, lbase, gqa, sinks):
     _rc, qv, qq, vbuf, res, kt, vt, pt, st, pm, ps, pv, tmp = c.TS
     hd, kq = M.head_dim, M.kq_scale
     if kv.mode == MODE_SPLIT:  # decode over a long cache: one chunk of cells per thread
-        attention_split_partial(
-            tid, nth, kv.n_kv, M.n_head, gqa, hd, kq, c.k_type, c.v_type, c.rowb, c.Q, kv.KC,
-            kv.VC, lbase, kv.hstride, kv.mask, kv.order, qv[tid], qq[tid], vbuf[tid], res[tid],
-            pm, ps, pv, sinks,
-        )  # fmt: skip
-        barrier(c.bar, nth)
-        attention_split_merge(tid, nth, M.n_head, hd, pm, ps, pv, c.ATT, tmp[tid])
+        # (several rows: each as its own one-token decode, the verification of proposed
+        # tokens with single-token numerics)
+        for t in range(c.n_tok):
+            if t > 0:
+                barrier(c.bar, nth)  # the partials of row t - 1 are merged
+            attention_split_partial(
+                tid, nth, kv.n_kv, M.n_head, gqa, hd, kq, c.k_type, c.v_type, c.rowb, c.Q,
+                kv.KC, kv.VC, lbase, kv.hstride, kv.mask, kv.order, qv[tid], qq[tid],
+                vbuf[tid], res[tid], pm, ps, pv, sinks, t,
+            )  # fmt: skip
+            barrier(c.bar, nth)
+            attention_split_merge(tid, nth, M.n_head, hd, pm, ps, pv, c.ATT, tmp[tid], t)
     elif kv.mode == MODE_ROWS:
         attention_rows(
             tid, nth, c.n_tok, kv.n_kv, M.n_head, gqa, hd, kq, c.k_type, c.v_type, c.rowb,

@@ -527,14 +527,15 @@ def attention_split_partial(
     ps,
     pv,
     sinks,
+    row=0,
 ):
-    """Decode (one token) over a long cache, phase 1: thread ``tid`` attends its chunk of
-    cells for every head; partials go to ``pm/ps/pv[head, tid]``. The sinks go into the
-    first chunk's partials (as ggml's)."""
+    """Decode (one token, query row ``row``) over a long cache, phase 1: thread ``tid``
+    attends its chunk of cells for every head; partials go to ``pm/ps/pv[head, tid]``. The
+    sinks go into the first chunk's partials (as ggml's)."""
     cs = (n_kv + nth - 1) // nth
     ic0, ic1 = min(tid * cs, n_kv), min((tid + 1) * cs, n_kv)
     for h in range(n_head):
-        prepare_query(Q[0], h * hd, hd, k_type, qv, qq)
+        prepare_query(Q[row], h * hd, hd, k_type, qv, qq)
         m, s = attend_row(
             qv,
             qq,
@@ -546,7 +547,7 @@ def attention_split_partial(
             k_type,
             v_type,
             hd,
-            mask[0],
+            mask[row],
             0,
             ic0,
             ic1,
@@ -562,11 +563,12 @@ def attention_split_partial(
 
 
 @njit(cache=True)
-def attention_split_merge(tid, nth, n_head, hd, pm, ps, pv, ATT, tmp):
-    """Phase 2 (after a barrier): thread ``tid`` merges the partials of its heads."""
+def attention_split_merge(tid, nth, n_head, hd, pm, ps, pv, ATT, tmp, row=0):
+    """Phase 2 (after a barrier): thread ``tid`` merges the partials of its heads into
+    ``ATT[row]``."""
     h0, h1 = split(n_head, tid, nth)
     for h in range(h0, h1):
-        merge_partials(pm[h], ps[h], pv[h], nth, hd, ATT[0], h * hd, tmp)
+        merge_partials(pm[h], ps[h], pv[h], nth, hd, ATT[row], h * hd, tmp)
 
 
 @njit(cache=True)
