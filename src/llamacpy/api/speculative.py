@@ -108,64 +108,91 @@ class NgramSimple:
         return [int(t) for t in h[j + sn : j + sn + min(copy, n)]]
 
 
-class NgramMap:
-    """``ngram-map-k`` (``values`` 1) and ``ngram-map-k4v`` (``values`` 4): each
-    ``size_n``-gram of the history maps to the tokens that followed it, counted; a proposal
-    follows, token by token, the continuation seen most often (at least ``min_hits``
-    times)."""
+class _NgramTable:
+    """A table of what followed each ``n``-gram of the history, built as the history grows
+    (each position once); a history that does not continue the last one starts it again.
+    A proposal follows the table from the last ``n`` tokens, one token at a time."""
 
-    def __init__(
-        self, size_n: int = 12, size_m: int = 48, min_hits: int = 1, values: int = 1
-    ) -> None:
-        self.size_n, self.size_m = _check_size(size_n, "size-n"), _check_size(size_m, "size-m")
-        if min_hits < 1:
-            raise UsageError(f"ngram min hits must be at least 1, not {min_hits}")
-        self.min_hits, self.values = int(min_hits), int(values)
-        self.name = "ngram-map-k" if values == 1 else "ngram-map-k4v"
-        self.n_max = self.size_m
-        self._next: dict[tuple[int, ...], dict[int, int]] = defaultdict(dict)
-        self._seen = 0  # history positions already counted
-        self._hist: list[int] = []
+    n: int  # the n-gram length
+    n_max: int
+
+    def __init__(self) -> None:
+        self._seen, self._hist = 0, []
+
+    def _reset(self) -> None:
+        raise NotImplementedError
+
+    def _add(self, key: tuple[int, ...], token: int) -> None:
+        raise NotImplementedError
+
+    def _next(self, key: tuple[int, ...]) -> int | None:
+        raise NotImplementedError
 
     def begin(self, prompt: Sequence[int]) -> None:
-        self._next.clear()
-        self._seen = 0
-        self._hist = []
+        self._reset()
+        self._seen, self._hist = 0, []
         self._update(prompt)
 
     def _update(self, history: Sequence[int]) -> None:
         h = [int(t) for t in history]
-        if h[: self._seen] != self._hist[: self._seen]:  # the history changed: start again
-            self._next.clear()
+        if h[: self._seen] != self._hist[: self._seen]:
+            self._reset()
             self._seen = 0
         self._hist = h
-        sn = self.size_n
-        for i in range(max(self._seen, sn), len(h)):
-            nxt = self._next[tuple(h[i - sn : i])]
-            t = h[i]
-            if t in nxt or len(nxt) < self.values:
-                nxt[t] = nxt.get(t, 0) + 1
+        for i in range(max(self._seen, self.n), len(h)):
+            self._add(tuple(h[i - self.n : i]), h[i])
         self._seen = len(h)
 
-    def propose(self, history: Sequence[int], n: int) -> list[int]:
+    def _follow(self, history: Sequence[int], n: int) -> list[int]:
         self._update(history)
-        ctx = list(self._hist[-self.size_n :])
-        if len(ctx) < self.size_n:
-            return []
+        key = tuple(self._hist[-self.n :])
         out: list[int] = []
-        while len(out) < min(n, self.size_m):
-            nxt = self._next.get(tuple(ctx))
-            if not nxt:
-                break
-            t, hits = max(nxt.items(), key=lambda kv: kv[1])
-            if hits < self.min_hits:
+        while len(key) == self.n and len(out) < min(n, self.n_max):
+            t = self._next(key)
+            if t is None:
                 break
             out.append(t)
-            ctx = [*ctx[1:], t]
+            key = (*key[1:], t)
         return out
 
 
-class NgramMod:
+class NgramMap(_NgramTable):
+    """``ngram-map-k`` (``values`` 1) and ``ngram-map-k4v`` (``values`` 4): each
+    ``size_n``-gram of the history maps to the tokens that followed it, counted (up to
+    ``values`` different ones); a proposal follows the continuation seen most often, while
+    it was seen at least ``min_hits`` times."""
+
+    def __init__(
+        self, size_n: int = 12, size_m: int = 48, min_hits: int = 1, values: int = 1
+    ) -> None:
+        super().__init__()
+        self.n, self.n_max = _check_size(size_n, "size-n"), _check_size(size_m, "size-m")
+        if min_hits < 1:
+            raise UsageError(f"ngram min hits must be at least 1, not {min_hits}")
+        self.min_hits, self.values = int(min_hits), int(values)
+        self.name = "ngram-map-k" if values == 1 else "ngram-map-k4v"
+        self._table: dict[tuple[int, ...], dict[int, int]] = defaultdict(dict)
+
+    def _reset(self) -> None:
+        self._table.clear()
+
+    def _add(self, key: tuple[int, ...], token: int) -> None:
+        seen = self._table[key]
+        if token in seen or len(seen) < self.values:
+            seen[token] = seen.get(token, 0) + 1
+
+    def _next(self, key: tuple[int, ...]) -> int | None:
+        seen = self._table.get(key)
+        if not seen:
+            return None
+        t, hits = max(seen.items(), key=lambda kv: kv[1])
+        return t if hits >= self.min_hits else None
+
+    def propose(self, history: Sequence[int], n: int) -> list[int]:
+        return self._follow(history, n)
+
+
+class NgramMod(_NgramTable):
     """llama.cpp's ``ngram-mod``: ``n_match``-grams map to the token that followed them
     last; a proposal chains lookups, up to ``n_max`` tokens, and is dropped when shorter
     than ``n_min``."""
@@ -173,43 +200,24 @@ class NgramMod:
     name = "ngram-mod"
 
     def __init__(self, n_match: int = 24, n_max: int = 64, n_min: int = 48) -> None:
-        self.n_match = _check_size(n_match, "n-match")
+        super().__init__()
+        self.n = _check_size(n_match, "n-match")
         if not 0 <= n_min <= 1024 or not 0 <= n_max <= 1024:
             raise UsageError("ngram n-min and n-max must be between 0 and 1024 inclusive")
         self.n_max, self.n_min = int(n_max), int(n_min)
-        self._map: dict[tuple[int, ...], int] = {}
-        self._seen = 0
-        self._hist: list[int] = []
+        self._table: dict[tuple[int, ...], int] = {}
 
-    def begin(self, prompt: Sequence[int]) -> None:
-        self._map.clear()
-        self._seen = 0
-        self._hist = []
-        self._update(prompt)
+    def _reset(self) -> None:
+        self._table.clear()
 
-    def _update(self, history: Sequence[int]) -> None:
-        h = [int(t) for t in history]
-        if h[: self._seen] != self._hist[: self._seen]:
-            self._map.clear()
-            self._seen = 0
-        self._hist = h
-        m = self.n_match
-        for i in range(max(self._seen, m), len(h)):
-            self._map[tuple(h[i - m : i])] = h[i]
-        self._seen = len(h)
+    def _add(self, key: tuple[int, ...], token: int) -> None:
+        self._table[key] = token
+
+    def _next(self, key: tuple[int, ...]) -> int | None:
+        return self._table.get(key)
 
     def propose(self, history: Sequence[int], n: int) -> list[int]:
-        self._update(history)
-        ctx = list(self._hist[-self.n_match :])
-        if len(ctx) < self.n_match:
-            return []
-        out: list[int] = []
-        while len(out) < min(n, self.n_max):
-            t = self._map.get(tuple(ctx))
-            if t is None:
-                break
-            out.append(t)
-            ctx = [*ctx[1:], t]
+        out = self._follow(history, n)
         return out if len(out) >= min(self.n_min, n) else []
 
 

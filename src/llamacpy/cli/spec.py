@@ -71,56 +71,20 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--spec-no-adapt", dest="spec_adapt", action="store_false",
                    help="verify every proposal instead of choosing the length from the "
                    "measured cost and acceptance")  # fmt: skip
-    for kind, (n, m) in (("simple", (12, 48)), ("map-k", (12, 48)), ("map-k4v", (12, 48))):
-        dest = kind.replace("-", "_")
-        g.add_argument(
-            f"--spec-ngram-{kind}-size-n",
-            dest=f"ngram_{dest}_n",
-            type=int,
-            default=n,
-            metavar="N",
-            help=f"ngram-{kind}: lookup n-gram length",
-        )
-        g.add_argument(
-            f"--spec-ngram-{kind}-size-m",
-            dest=f"ngram_{dest}_m",
-            type=int,
-            default=m,
-            metavar="N",
-            help=f"ngram-{kind}: proposal length",
-        )
-        g.add_argument(
-            f"--spec-ngram-{kind}-min-hits",
-            dest=f"ngram_{dest}_hits",
-            type=int,
-            default=1,
-            metavar="N",
-            help=f"ngram-{kind}: minimum hits",
-        )
-    g.add_argument(
-        "--spec-ngram-mod-n-match",
-        dest="ngram_mod_match",
-        type=int,
-        default=24,
-        metavar="N",
-        help="ngram-mod: lookup length",
-    )
-    g.add_argument(
-        "--spec-ngram-mod-n-min",
-        dest="ngram_mod_min",
-        type=int,
-        default=48,
-        metavar="N",
-        help="ngram-mod: shortest proposal",
-    )
-    g.add_argument(
-        "--spec-ngram-mod-n-max",
-        dest="ngram_mod_max",
-        type=int,
-        default=64,
-        metavar="N",
-        help="ngram-mod: longest proposal",
-    )
+    ngram = [  # (flag, dest, default, help)
+        (f"--spec-ngram-{kind}-{what}", f"ngram_{kind.replace('-', '_')}_{dest}", default,
+         f"ngram-{kind}: {desc}")
+        for kind in ("simple", "map-k", "map-k4v")
+        for what, dest, default, desc in (("size-n", "n", 12, "lookup n-gram length"),
+                                          ("size-m", "m", 48, "proposal length"),
+                                          ("min-hits", "hits", 1, "minimum hits"))
+    ] + [
+        ("--spec-ngram-mod-n-match", "ngram_mod_match", 24, "ngram-mod: lookup length"),
+        ("--spec-ngram-mod-n-min", "ngram_mod_min", 48, "ngram-mod: shortest proposal"),
+        ("--spec-ngram-mod-n-max", "ngram_mod_max", 64, "ngram-mod: longest proposal"),
+    ]  # fmt: skip
+    for flag, dest, default, desc in ngram:
+        g.add_argument(flag, dest=dest, type=int, default=default, metavar="N", help=desc)
     g.add_argument(
         "-lcs",
         "--lookup-cache-static",
