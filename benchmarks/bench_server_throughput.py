@@ -10,7 +10,7 @@ Give ``-t`` no more threads than there are idle cores: llama-server's thread poo
 its barriers, so on an oversubscribed machine it stalls and the comparison means nothing.
 
     .venv/bin/python benchmarks/bench_server_throughput.py [-m PATH] [-p 4 8] [-r 3]
-        [-n 64] [-c 2048] [-t 1] [--llama-server PATH]
+        [-n 64] [-c 2048] [-t 1] [--llama-server PATH] [--variant NAME=FLAGS]
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -103,6 +104,9 @@ def main() -> int:
     ap.add_argument("-c", "--ctx-size", type=int, default=2048, help="total context")
     ap.add_argument("-t", "--threads", type=int, default=1)
     ap.add_argument("--llama-server", default=str(LLAMA_SERVER))
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=FLAGS",
+                    help="also serve with extra flags, e.g. spec='--spec-type ngram-simple'; "
+                    "repeatable")  # fmt: skip
     ap.add_argument("--tree", action="append", default=[], metavar="NAME=SRC",
                     help="also serve from another tree's src folder (PYTHONPATH), e.g. "
                     "before=/tmp/before/src; repeatable")  # fmt: skip
@@ -125,6 +129,8 @@ def main() -> int:
         sides: dict[str, tuple[list[str], dict | None]] = {"llamacpy": (ours, None)}
         for name, src in trees.items():
             sides[name] = (ours, {**os.environ, "PYTHONPATH": src})
+        for name, flags in (v.split("=", 1) for v in args.variant):
+            sides[name] = ([*ours, *shlex.split(flags)], None)
         if have_llama:
             sides["llama-server"] = ([args.llama_server, *common], None)
         bases, procs = {}, {}

@@ -267,3 +267,9 @@ def test_cli_speculation_errors(capsys, smollm2_path):
         code = cli.main(["run", "-m", str(smollm2_path), "-p", "x", "-n", "1", *flags])
         _, err = capsys.readouterr()
         assert code == 1 and what in err and "Traceback" not in err, (flags, err)
+
+
+def test_serve_refuses_a_draft_model_before_loading(capsys, smollm2_path):
+    code = cli.main(["serve", "-m", str(smollm2_path), "-md", str(smollm2_path), "--port", "0"])
+    _, err = capsys.readouterr()
+    assert code == 1 and "draft models are not supported yet" in err

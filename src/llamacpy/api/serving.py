@@ -268,6 +268,9 @@ class CompletionHandler:
             "predicted_per_token_ms": predicted_ms / n_pred if n_pred else 0.0,
             "predicted_per_second": 1e3 * n_pred / predicted_ms if predicted_ms > 0 else 0.0,
         }
+        if r is not None and r.n_drafted:  # speculative decoding (llama-server's names)
+            timings["draft_n"] = r.n_drafted
+            timings["draft_n_accepted"] = r.n_accepted
         self.emit(
             Final(
                 finish_reason=finish_reason,
@@ -350,13 +353,14 @@ class ServingModel:
         max_queue: int = 64,
         chat_template: str | None = None,
         sampling_defaults: SamplingParams | None = None,
+        speculator: Any = None,
     ) -> None:
         self.loaded = loaded
         self.info = loaded.info
         self.tokenizer = loaded.tokenizer
         self.ctx = loaded.ctx
         self.n_parallel = n_parallel
-        self.scheduler = Scheduler(self.ctx, n_parallel, max_queue=max_queue)
+        self.scheduler = Scheduler(self.ctx, n_parallel, max_queue=max_queue, speculator=speculator)
         self.n_ctx_slot = self.scheduler.n_ctx_slot
         self.sampling_defaults = apply_model_defaults(
             sampling_defaults or SamplingParams(), self.info.metadata

@@ -370,75 +370,19 @@ class SpecStats:
         self.n_rounds += other.n_rounds
 
 
-class Speculator:
-    """A proposer plus the choice of how many of its tokens to verify.
+class DecodeCost:
+    """What a decode of ``n`` tokens costs on this machine (seconds, a moving average per
+    size), learnt from the decodes it is told about; shared by the speculators of a
+    server's slots."""
 
-    Verifying ``k`` proposals costs a decode of ``k + 1`` tokens, which on a CPU is not
-    free: the speculator measures what decodes of each size cost here (:meth:`timed`) and
-    the rate at which proposals are accepted (:meth:`record`), and verifies the ``k`` that
-    maximises the expected tokens per second, ``(1 + a + ... + a^k) / cost(k + 1)`` (``a``:
-    the acceptance rate, ``cost`` including the proposer's own time) -- zero, a plain decode,
-    when speculation would lose. The evidence fades while it does not speculate, so it tries
-    again later. ``adaptive=False`` verifies every proposal (up to ``n_max``); ``n_min``: a
-    proposal shorter than this is not verified. Shared by the generations of one session;
-    :attr:`stats` counts all of them."""
-
-    PRIOR = (4.0, 5.0)  # pseudo-counts (accepted, tried) of the acceptance rate: 0.8
-    FADE = 0.97  # per plain decode, the weight left to earlier evidence
-
-    def __init__(self, proposer: Proposer, n_min: int = 0, adaptive: bool = True) -> None:
-        if n_min < 0:
-            raise UsageError(f"--spec-draft-n-min must be at least 0, not {n_min}")
-        self.proposer, self.n_min, self.adaptive = proposer, int(n_min), bool(adaptive)
-        self.n_max = int(proposer.n_max)
-        self.stats = SpecStats()
-        self._hits, self._tries = 0.0, 0.0
-        self._cost: dict[int, float] = {}  # tokens per decode -> seconds (moving average)
-        self._draft_cost = 0.0  # seconds per proposed token (a draft model's decodes)
+    def __init__(self) -> None:
+        self._cost: dict[int, float] = {}
         self._spiked: set[int] = set()
 
-    @property
-    def acceptance_rate(self) -> float:
-        """The current estimate of the chance that a proposed token is accepted."""
-        h, t = self.PRIOR
-        return (h + self._hits) / (t + self._tries)
-
-    def begin(self, prompt: Sequence[int]) -> None:
-        self.proposer.begin(prompt)
-
-    def propose(self, history: Sequence[int], room: int) -> list[int]:
-        """The proposals to verify after ``history``, at most ``room`` (empty: decode
-        plainly)."""
-        n = min(room, self.n_max)
-        if n < max(self.n_min, 1):
-            return []
-        t0 = time.perf_counter()
-        draft = self.proposer.propose(history, n)[:n]
-        if draft:
-            dt = (time.perf_counter() - t0) / len(draft)
-            self._draft_cost = dt if not self._draft_cost else 0.8 * self._draft_cost + 0.2 * dt
-        k = self._best_length(len(draft)) if self.adaptive else len(draft)
-        if k < max(self.n_min, 1):
-            self._hits *= self.FADE
-            self._tries *= self.FADE
-            return []
-        return draft[:k]
-
-    def _best_length(self, n: int) -> int:
-        a = self.acceptance_rate
-        best, best_k = 1.0 / self.cost(1), 0
-        gain = 1.0
-        for k in range(1, n + 1):
-            gain += a**k
-            rate = gain / (self.cost(k + 1) + k * self._draft_cost)
-            if rate > best:
-                best, best_k = rate, k
-        return best_k
-
-    def cost(self, n: int) -> float:
-        """The expected seconds of a decode of ``n`` tokens: measured, else interpolated
-        between measured sizes, else ``1 + (n - 1) / 2`` units scaled to the nearest size
-        measured (an optimistic guess, which the first such decode corrects)."""
+    def __call__(self, n: int) -> float:
+        """Measured, else interpolated between measured sizes, else ``1 + (n - 1) / 2``
+        units scaled to the nearest size measured (an optimistic guess, which the first
+        such decode corrects)."""
         c = self._cost
         if n in c:
             return c[n]
@@ -453,14 +397,97 @@ class Speculator:
 
     def timed(self, n_tokens: int, seconds: float) -> None:
         """A decode of ``n_tokens`` took ``seconds`` (a spike -- a kernel loaded on first
-        use, a page fault, another process -- counts as at most twice the estimate)."""
+        use, a page fault, another process -- counts as at most twice the estimate, and the
+        first one of a size not at all)."""
         old = self._cost.get(n_tokens)
-        if self._cost and seconds > 2.0 * self.cost(n_tokens):
-            if old is None and n_tokens not in self._spiked:  # (the first one is dropped)
+        if self._cost and seconds > 2.0 * self(n_tokens):
+            if old is None and n_tokens not in self._spiked:
                 self._spiked.add(n_tokens)
                 return
-            seconds = 2.0 * self.cost(n_tokens)
+            seconds = 2.0 * self(n_tokens)
         self._cost[n_tokens] = seconds if old is None else 0.7 * old + 0.3 * seconds
+
+
+class Speculator:
+    """A proposer plus the choice of how many of its tokens to verify.
+
+    Verifying ``k`` proposals costs a decode of ``k`` more tokens, which on a CPU is not
+    free: from what decodes of each size cost here (:class:`DecodeCost`) and the rate at
+    which proposals are accepted (:meth:`record`), the speculator verifies the ``k`` that
+    maximises the expected tokens per second -- ``(1 + a + ... + a^k) / cost(k + 1)`` alone
+    (``a``: the acceptance rate, the cost including the proposer's own time), the batch's
+    tokens over its cost in a server step -- zero, a plain decode, when speculation would
+    lose. The evidence fades while it does not speculate, so it tries again later.
+    ``adaptive=False`` verifies every proposal (up to ``n_max``); ``n_min``: a proposal
+    shorter than this is not verified. :attr:`stats` counts every round."""
+
+    PRIOR = (4.0, 5.0)  # pseudo-counts (accepted, tried) of the acceptance rate: 0.8
+    FADE = 0.97  # per plain decode, the weight left to earlier evidence
+
+    def __init__(
+        self,
+        proposer: Proposer,
+        n_min: int = 0,
+        adaptive: bool = True,
+        cost: DecodeCost | None = None,
+    ) -> None:
+        if n_min < 0:
+            raise UsageError(f"--spec-draft-n-min must be at least 0, not {n_min}")
+        self.proposer, self.n_min, self.adaptive = proposer, int(n_min), bool(adaptive)
+        self.n_max = int(proposer.n_max)
+        self.stats = SpecStats()
+        self.cost = cost if cost is not None else DecodeCost()
+        self._hits, self._tries = 0.0, 0.0
+        self._draft_cost = 0.0  # seconds per proposed token (a draft model's decodes)
+
+    @property
+    def acceptance_rate(self) -> float:
+        """The current estimate of the chance that a proposed token is accepted."""
+        h, t = self.PRIOR
+        return (h + self._hits) / (t + self._tries)
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        self.proposer.begin(prompt)
+
+    def timed(self, n_tokens: int, seconds: float) -> None:
+        self.cost.timed(n_tokens, seconds)
+
+    def propose(
+        self, history: Sequence[int], room: int, rows: int = 1, tokens: float = 1.0
+    ) -> list[int]:
+        """The proposals to verify after ``history``, at most ``room`` (empty: decode
+        plainly), in a decode that has ``rows`` rows without them (this sequence's own
+        included) expected to give ``tokens`` tokens."""
+        n = min(room, self.n_max)
+        if n < max(self.n_min, 1):
+            return []
+        t0 = time.perf_counter()
+        draft = self.proposer.propose(history, n)[:n]
+        if draft:
+            dt = (time.perf_counter() - t0) / len(draft)
+            self._draft_cost = dt if not self._draft_cost else 0.8 * self._draft_cost + 0.2 * dt
+        k = self._best_length(len(draft), rows, tokens) if self.adaptive else len(draft)
+        if k < max(self.n_min, 1):
+            self._hits *= self.FADE
+            self._tries *= self.FADE
+            return []
+        return draft[:k]
+
+    def expected(self, k: int) -> float:
+        """Expected tokens from verifying ``k`` proposals (the sampled token included)."""
+        a = self.acceptance_rate
+        return sum(a**i for i in range(k + 1))
+
+    def _best_length(self, n: int, rows: int, tokens: float) -> int:
+        a, cost = self.acceptance_rate, self.cost
+        best, best_k = tokens / cost(rows), 0
+        gain = tokens
+        for k in range(1, n + 1):
+            gain += a**k
+            rate = gain / (cost(rows + k) + k * self._draft_cost)
+            if rate > best:
+                best, best_k = rate, k
+        return best_k
 
     def record(self, n_drafted: int, n_accepted: int) -> None:
         """One verification round's outcome."""

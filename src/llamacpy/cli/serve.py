@@ -11,6 +11,7 @@ from typing import Any
 from ..errors import UsageError
 from . import add_compat_args, add_context_args, add_warmup_arg, context_params
 from .run import add_sampling_args, sampling_params
+from .spec import add_spec_args, slot_speculators
 
 
 def _keys(args: argparse.Namespace) -> tuple[str, ...]:
@@ -42,6 +43,7 @@ def _serve(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be 0..65535, not {args.port}")
     model_path = resolve_model(args.model)  # fail fast on a bad -m, before listening
+    speculators = slot_speculators(args)
     config = ServerConfig(
         host=args.host,
         port=args.port,
@@ -77,7 +79,7 @@ def _serve(args: argparse.Namespace) -> int:
         params = context_params(args, n_ctx=n_ctx, n_seq_max=args.parallel)
         m = ServingModel.load(str(model_path), params, n_parallel=args.parallel,
                               max_queue=args.max_queue, chat_template=args.chat_template,
-                              sampling_defaults=defaults)  # fmt: skip
+                              sampling_defaults=defaults, speculator=speculators)  # fmt: skip
         if not args.no_warmup:  # before the first request: it is not slowed by the kernels
             from ..api.generation import warm_up
 
@@ -116,6 +118,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-b", "--batch-size", type=int, default=2048,
                    help="most tokens decoded per step (default: 2048)")  # fmt: skip
     add_context_args(p)
+    add_spec_args(p)
     p.add_argument("-n", "--n-predict", "--predict", dest="n_predict", type=int, default=-1,
                    help="default tokens to predict (default: -1, until EOG or full slot)")  # fmt: skip
     p.add_argument("--api-key", default=None,

@@ -159,6 +159,25 @@ def _proposer(args: argparse.Namespace, kind: str, draft: Any) -> Any:
     return proposer
 
 
+def slot_speculators(args: argparse.Namespace) -> Any:
+    """For ``serve``: a factory of one :class:`Speculator` per slot (``factory(cost)``, the
+    slots sharing one cost model), or None. N-gram proposers only: a draft model would
+    need a sequence of its own per slot."""
+    from ..api.speculative import Speculator
+
+    kind = check_spec_args(args)
+    if kind == "none":
+        return None
+    if kind == "draft-simple":
+        raise UsageError("serve: draft models are not supported yet; use an n-gram --spec-type")
+
+    def factory(cost: Any) -> Any:
+        proposer = _proposer(args, kind, None)
+        return Speculator(proposer, n_min=args.draft_min, adaptive=args.spec_adapt, cost=cost)
+
+    return factory
+
+
 def _load_draft(args: argparse.Namespace, target: Any) -> Any:
     from ..api.generation import Session
     from ..api.model import load_model

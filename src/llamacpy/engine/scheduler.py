@@ -11,6 +11,14 @@ KV sequence (``seq_id`` = slot id) with at most ``n_ctx_slot`` positions. Every 
 4. decode it and hand each logits row to its request's :class:`SeqHandler`, which samples
    the next token (or says the request is finished).
 
+With speculative decoding (``speculator``: a factory of
+:class:`~llamacpy.api.speculative.Speculator`, one per slot, sharing one cost model), a
+generating slot adds the tokens its proposer guesses after its next token; the chosen
+lengths maximise the step's expected tokens per second. A step with proposals decodes its
+generation rows with single-token numerics (and the prompt chunks, if any, in a second
+batch); the handler samples from the row after the next token and, while its token equals
+the next proposal, from that proposal's row; the rest leave the cache.
+
 The scheduler deals only in token ids, positions and logits rows; text, sampling and stop
 strings belong to the handler (``llamacpy.api.serving``). The API is small and thread-safe:
 :meth:`Scheduler.submit`, :meth:`Scheduler.abort`, :meth:`Scheduler.info`, :meth:`Scheduler.stop`.
@@ -30,6 +38,8 @@ import numpy as np
 
 from ..errors import LlamacpyError, UsageError
 from .batch import Batch
+
+_ENDED = object()  # a sample that ended its request
 
 # hybrid models: a prompt's state is kept this many tokens before its end (where the next
 # turn of a chat usually departs from it: the re-rendered reply), at most this many per slot
@@ -86,6 +96,9 @@ class Request:
     t_prompt: float = 0.0  # prompt decoded (first token sampled)
     t_end: float = 0.0
     aborted: bool = False
+    speculative: bool = True  # may use the scheduler's speculator (when it has one)
+    n_drafted: int = 0  # proposals verified for this request, accepted ones
+    n_accepted: int = 0
     # n > 1: requests that continue this one's prompt in slots of their own; they wait
     # ("wait") until its prompt is decoded, then get a copy of its cache and its last
     # logits row, and generate on their own
@@ -108,6 +121,8 @@ class Slot:
     # takes its next one (-1: none)
     checkpoints: list[tuple[int, Any]] = field(default_factory=list)
     checkpoint_at: int = -1
+    spec: Any = None  # the slot's Speculator (speculative decoding)
+    drafts: list[int] = field(default_factory=list)  # proposals in this step's batch
 
     @property
     def busy(self) -> bool:
@@ -127,6 +142,15 @@ class Counters:
     n_tokens_max: int = 0
     n_requests: int = 0
     n_rejected: int = 0
+    n_draft_tokens: int = 0  # speculative decoding: proposals verified, accepted, rounds
+    n_draft_accepted: int = 0
+    n_draft_steps: int = 0
+
+
+def _batch(tok: list[int], pos: list[int], seq: list[int], want: list[bool]) -> Batch:
+    n = len(tok)
+    return Batch(np.array(tok, np.int32), np.array(pos, np.int32),
+                 np.array(seq, np.int32).reshape(n, 1), np.array(want, bool))  # fmt: skip
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -155,6 +179,7 @@ class Scheduler:
         max_queue: int = 64,
         n_ctx_slot: int | None = None,
         slot_similarity: float = 0.1,
+        speculator: Any = None,
     ) -> None:
         if n_slots < 1 or n_slots > ctx.n_seq_max:
             raise UsageError(
@@ -185,6 +210,14 @@ class Scheduler:
         self._hook = None  # tests: called with each batch before decoding
         self._erases: list[tuple[int, Any]] = []  # (slot, callback) waiting for the engine
         self._snapshots = bool(getattr(ctx, "can_snapshot", False))  # prefix checkpoints
+        self._speculator = speculator if getattr(ctx, "can_rewind", True) else None
+        self.spec_cost: Any = None
+        if self._speculator is not None:
+            from ..api.speculative import DecodeCost
+
+            self.spec_cost = DecodeCost()
+            for sl in self.slots:
+                sl.spec = self._speculator(self.spec_cost)
 
     # ------------------------------------------------------------------ public API
     def start(self) -> Scheduler:
@@ -350,20 +383,34 @@ class Scheduler:
             self._service()
         self._reap()
         self._admit()
-        batch, owners = self._plan()
-        if batch is None:
+        parts = self._plan()
+        if not parts:
             return False
+        for batch, owners, verify in parts:
+            self._decode(batch, owners, verify)
+        return True
+
+    def _decode(self, batch: Batch, owners: list[tuple[Slot, str, int]], verify: bool) -> None:
+        """Decode one planned batch (``verify``: with single-token numerics) and dispatch
+        its rows."""
         if self._hook is not None:
             self._hook(batch)
+        t0 = time.perf_counter()
         try:
-            logits = self.ctx.decode(batch)
+            if verify:
+                logits = self.ctx.decode(batch, single_numerics=True)
+            else:
+                logits = self.ctx.decode(batch)
         except Exception as e:  # fail the requests of this batch, keep serving the others
             for sid in {int(x) for x in batch.seq_id[:, 0]}:
                 slot = self.slots[sid]
                 self._reset_slot(slot)
                 if slot.request is not None:
                     self._end(slot.request, "error", f"decode failed: {e}")
-            return True
+            return
+        gen_only = all(kind in ("gen", "draft") for _, kind, _ in owners)
+        if self.spec_cost is not None and gen_only and len(owners) == len(batch):
+            self.spec_cost.timed(len(batch), time.perf_counter() - t0)  # (what choices need)
         c = self.counters
         c.n_decode += 1
         c.n_busy_slots += len({int(x) for x in batch.seq_id[:, 0]})
@@ -371,7 +418,6 @@ class Scheduler:
         if self._snapshots:
             self._checkpoint(self.slots)
         self._dispatch(owners, logits)
-        return True
 
     def _reap(self) -> None:
         now = time.monotonic()
@@ -472,25 +518,35 @@ class Scheduler:
             del s.checkpoints[:-MAX_CHECKPOINTS]
             s.checkpoint_at = -1
 
-    def _plan(self) -> tuple[Batch | None, list[tuple[Slot, str, int]]]:
-        """The step's batch and, per logits row, its slot, kind (``gen``, ``prompt``: the
-        last prompt token, ``prompt_row``: another prompt token) and position."""
+    def _plan(self) -> list[tuple[Batch, list[tuple[Slot, str, int]], bool]]:
+        """The step's batches: each with, per logits row, its slot, kind (``gen``,
+        ``draft``: a proposal, ``prompt``: the last prompt token, ``prompt_row``: another
+        prompt token) and position, and whether it verifies proposals. One batch, unless
+        proposals are verified: then the generation rows and the prompt chunks apart."""
         tok: list[int] = []
         pos: list[int] = []
         seq: list[int] = []
         want: list[bool] = []
         owners: list[tuple[Slot, str, int]] = []
-        for s in self.slots:  # generating sequences first: one token each
-            if s.request is not None and s.next_token is not None:
-                p = len(s.tokens)
-                tok.append(s.next_token)
-                pos.append(p)
-                seq.append(s.id)
-                want.append(True)
-                owners.append((s, "gen", p))
-                s.tokens.append(s.next_token)  # the cache holds it once decoded
-                s.next_token = None
-        budget = self.n_batch - len(tok)
+        gen = [s for s in self.slots if s.request is not None and s.next_token is not None]
+        self._propose(gen)
+        for s in gen:  # generating sequences first: their next token and any proposals
+            p = len(s.tokens)
+            run = [s.next_token, *s.drafts]
+            tok.extend(run)
+            pos.extend(range(p, p + len(run)))
+            seq.extend([s.id] * len(run))
+            want.extend([True] * len(run))
+            owners.append((s, "gen", p))
+            owners.extend((s, "draft", p + 1 + i) for i in range(len(s.drafts)))
+            s.tokens.extend(run)  # the cache holds them once decoded
+            s.next_token = None
+        verify = any(s.drafts for s in gen)
+        parts: list[tuple[Batch, list[tuple[Slot, str, int]], bool]] = []
+        if verify:
+            parts.append((_batch(tok, pos, seq, want), owners, True))
+            tok, pos, seq, want, owners = [], [], [], [], []
+        budget = self.n_batch - len(tok) - sum(len(b) for b, _, _ in parts)
         prompt_slots = sorted(
             (s for s in self.slots if s.request is not None and s.pending),
             key=lambda s: s.request.t_start,  # type: ignore[union-attr]
@@ -521,12 +577,26 @@ class Scheduler:
             s.tokens.extend(chunk)
             del s.pending[: len(chunk)]
             budget -= len(chunk)
-        if not tok:
-            return None, owners
-        n = len(tok)
-        batch = Batch(np.array(tok, np.int32), np.array(pos, np.int32),
-                      np.array(seq, np.int32).reshape(n, 1), np.array(want, bool))  # fmt: skip
-        return batch, owners
+        if tok:
+            parts.append((_batch(tok, pos, seq, want), owners, False))
+        return parts
+
+    def _propose(self, gen: list[Slot]) -> None:
+        """Each generating slot's proposals for this step (``Slot.drafts``), their lengths
+        chosen in turn for the most expected tokens per second of the whole batch."""
+        rows, tokens = len(gen), float(len(gen))
+        for s in gen:
+            s.drafts = []
+            r = s.request
+            if s.spec is None or r is None or not r.speculative:
+                continue
+            room = min(s.n_ctx - len(s.tokens) - 2, self.n_batch - rows)
+            if room <= 0:
+                continue
+            history = [*s.tokens, s.next_token]
+            s.drafts = s.spec.propose(history, room, rows=rows, tokens=tokens)
+            rows += len(s.drafts)
+            tokens += s.spec.expected(len(s.drafts)) - 1.0
 
     def _dispatch(self, owners: list[tuple[Slot, str, int]], logits: np.ndarray) -> None:
         now = time.monotonic()
@@ -543,12 +613,17 @@ class Scheduler:
                 self._call(r, "on_prompt_logits", p0, np.stack(got))
                 if r.state == "done":
                     continue
+            if kind == "draft":
+                continue  # (read with its slot's "gen" row)
             if kind == "prompt":
                 r.state, r.t_prompt = "generating", now
                 c = self.counters
                 c.n_prompt_tokens += len(r.prompt) - r.n_cached
                 c.t_prompt += now - r.t_start
                 self._fork(s, r, logits[k], now)
+            if kind == "gen" and s.drafts:
+                self._next_verified(s, r, logits[k : k + 1 + len(s.drafts)])
+                continue
             self._next(s, r, logits[k])
         for sid, (p0, got) in rows.items():  # prompt rows of a chunk that is not the last
             r = self.slots[sid].request
@@ -569,17 +644,27 @@ class Scheduler:
             self._next(fs, f, row)
 
     def _next(self, s: Slot, r: Request, row: np.ndarray) -> None:
+        token = self._sample(r, row)
+        if token is not _ENDED:
+            self._then(s, r, token)
+
+    def _sample(self, r: Request, row: np.ndarray) -> Any:
+        """The handler's token from ``row``, or ``_ENDED`` when the request ended."""
         try:
             token = r.handler.on_logits(row)
         except Exception as e:
             self._end(r, "error", f"sampling failed: {e}")
-            return
+            return _ENDED
         if r.state == "done":
-            return
+            return _ENDED
         r.n_decoded += 1
         if token is None:
             self._finish(r)
-            return
+            return _ENDED
+        return int(token)
+
+    def _then(self, s: Slot, r: Request, token: int) -> None:
+        """After a sampled token: end the request, or decode the token next step."""
         if r.aborted:
             self._end(r, "aborted")
         elif len(s.tokens) + 1 >= s.n_ctx:  # no room to decode it and sample another
@@ -588,6 +673,33 @@ class Scheduler:
             self._end(r, "timeout")
         else:
             s.next_token = int(token)
+
+    def _next_verified(self, s: Slot, r: Request, rows: np.ndarray) -> None:
+        """Sample from the row after the slot's next token and, while the sampled token is
+        the next proposal, from that proposal's row; the proposals not taken leave the
+        cache, and the token sampled last is decoded in the next step."""
+        drafts, s.drafts = s.drafts, []
+        base = len(s.tokens) - len(drafts)  # the cache up to the decoded next token
+        accepted = 0
+        token: Any = _ENDED
+        for i in range(len(rows)):
+            token = self._sample(r, rows[i])
+            if token is _ENDED or i == len(drafts) or token != drafts[i]:
+                break
+            accepted += 1  # (the token is in the cache already)
+        if base + accepted < len(s.tokens):
+            self.ctx.seq_rm(s.id, base + accepted, -1)
+            del s.tokens[base + accepted :]
+        if s.spec is not None:
+            s.spec.record(len(drafts), accepted)
+        r.n_drafted += len(drafts)
+        r.n_accepted += accepted
+        c = self.counters
+        c.n_draft_tokens += len(drafts)
+        c.n_draft_accepted += accepted
+        c.n_draft_steps += 1
+        if token is not _ENDED:  # a token that is not a proposal: decoded next step
+            self._then(s, r, token)
 
     def _call(self, r: Request, method: str, *args: Any) -> None:
         try:

@@ -146,7 +146,8 @@ async def props(request: Request) -> Response:
     tpl = m.template
     return JSONResponse({
         "default_generation_settings": {
-            "id": 0, "id_task": -1, "n_ctx": m.n_ctx_slot, "speculative": False,
+            "id": 0, "id_task": -1, "n_ctx": m.n_ctx_slot,
+            "speculative": m.scheduler.spec_cost is not None,
             "is_processing": False,
             "params": _settings(m, m.sampling_defaults, st.config.n_predict, [], False),
         },
