@@ -221,6 +221,15 @@ def test_rejections_happen_and_stops_inside_a_verified_run(smollm2_path):
         assert a["choices"][0]["text"] == b["choices"][0]["text"], (temp, seed)
     st = spec._speculator.stats
     assert st.n_accepted > 0 and st.n_drafted > st.n_accepted  # some proposals rejected
+    # a grammar: its state follows the tokens actually sampled
+    from llamacpy.api import LlamaGrammar
+
+    g = 'root ::= [a-z \\n]+ "." [a-z \\n.]*'
+    a = plain.create_completion(prompt, max_tokens=40, temperature=0,
+                                grammar=LlamaGrammar.from_string(g))  # fmt: skip
+    b = spec.create_completion(prompt, max_tokens=40, temperature=0,
+                               grammar=LlamaGrammar.from_string(g))  # fmt: skip
+    assert a["choices"][0]["text"] == b["choices"][0]["text"]
     # a stop string and max_tokens landing inside accepted proposals
     for stop, n in [(["def "], 60), ([], 7), ([], 1)]:
         a = plain.create_completion(prompt, max_tokens=n, temperature=0, stop=stop)
