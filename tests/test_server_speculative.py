@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from llamacpy.api.serving import ServingModel
-from llamacpy.api.speculative import Speculator, make_proposer
+from llamacpy.api.speculative import DecodeCost, Speculator, make_proposer
 from llamacpy.engine import ContextParams
 from llamacpy.server import ServerConfig, ServerState
 from test_server import running
@@ -25,26 +25,33 @@ TEXT = Path(__file__).read_text()[:1200]
 PROMPT = f"Copy this text:\n{TEXT}\nCopy:\n{TEXT[:150]}"
 
 
-def _server(path, speculator):
+def _server(path, speculator, deterministic=False):
     params = ContextParams(n_ctx=3 * 1024, n_batch=512, n_ubatch=512, n_threads=2,
-                           n_threads_batch=2, n_seq_max=N_SLOTS)  # fmt: skip
+                           n_threads_batch=2, n_seq_max=N_SLOTS,
+                           deterministic=deterministic)  # fmt: skip
     model = ServingModel.load(str(path), params, n_parallel=N_SLOTS, max_queue=8,
                               speculator=speculator)  # fmt: skip
     return model, ServerState(ServerConfig(timeout=300, metrics=True), model, model_name="m")
 
 
-@pytest.fixture(scope="module")
-def servers(smollm2_path):
-    def spec(cost):
+@pytest.fixture(scope="module", params=["default", "deterministic"])
+def servers(smollm2_path, request):
+    """A plain and a speculating server (in deterministic contexts for the concurrency
+    test: there a sequence's logits do not depend on the batches and cells it shared)."""
+    cost = DecodeCost()
+
+    def spec():
         return Speculator(make_proposer("prompt-lookup"), adaptive=False, cost=cost)
 
-    _, plain_state = _server(smollm2_path, None)
-    spec_model, spec_state = _server(smollm2_path, spec)
+    det = request.param == "deterministic"
+    _, plain_state = _server(smollm2_path, None, det)
+    spec_model, spec_state = _server(smollm2_path, spec, det)
     with running(plain_state) as a, running(spec_state) as b:
         yield SimpleNamespace(
             plain=httpx.Client(base_url=a, timeout=300),
             spec=httpx.Client(base_url=b, timeout=300),
             model=spec_model,
+            deterministic=det,
         )
 
 
@@ -62,6 +69,8 @@ def _slot_caches_consistent(model):
 
 
 def test_one_stream_equals_plain_serving(servers):
+    if servers.deterministic:
+        pytest.skip("the default servers run this one")
     for prompt in (PROMPT, PROMPT[:700], "def fib(n):\n    if n < 2:\n        return n\n"):
         for kw in ({}, {"temperature": 0.8, "seed": 5}, {"stop": ["\n\n"]}):
             a = _complete(servers.plain, prompt, **kw)
@@ -82,6 +91,8 @@ def test_one_stream_equals_plain_serving(servers):
 
 
 def test_concurrent_streams_and_a_disconnect(servers):
+    if not servers.deterministic:
+        pytest.skip("the deterministic servers run this one")
     out: dict[int, str] = {}
 
     def go(i: int) -> None:
@@ -101,5 +112,9 @@ def test_concurrent_streams_and_a_disconnect(servers):
     assert len(out) == N_SLOTS and all(out.values())
     assert servers.model.scheduler.wait_idle(60)
     _slot_caches_consistent(servers.model)
-    # the slots serve the same request as plain serving afterwards (one stream)
-    assert _complete(servers.spec)["content"] == _complete(servers.plain)["content"]
+    # the slots serve the same request as plain serving afterwards
+    for prompt in (PROMPT, PROMPT[:500]):
+        assert (
+            _complete(servers.spec, prompt)["content"]
+            == _complete(servers.plain, prompt)["content"]
+        )

@@ -160,10 +160,10 @@ def _proposer(args: argparse.Namespace, kind: str, draft: Any) -> Any:
 
 
 def slot_speculators(args: argparse.Namespace) -> Any:
-    """For ``serve``: a factory of one :class:`Speculator` per slot (``factory(cost)``, the
-    slots sharing one cost model), or None. N-gram proposers only: a draft model would
-    need a sequence of its own per slot."""
-    from ..api.speculative import Speculator
+    """For ``serve``: a factory of one :class:`Speculator` per slot (the slots share one
+    cost model), or None. N-gram proposers only: a draft model would need a sequence of
+    its own per slot."""
+    from ..api.speculative import DecodeCost, Speculator
 
     kind = check_spec_args(args)
     if kind == "none":
@@ -171,7 +171,9 @@ def slot_speculators(args: argparse.Namespace) -> Any:
     if kind == "draft-simple":
         raise UsageError("serve: draft models are not supported yet; use an n-gram --spec-type")
 
-    def factory(cost: Any) -> Any:
+    cost = DecodeCost()
+
+    def factory() -> Any:
         proposer = _proposer(args, kind, None)
         return Speculator(proposer, n_min=args.draft_min, adaptive=args.spec_adapt, cost=cost)
 

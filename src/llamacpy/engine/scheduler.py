@@ -12,7 +12,8 @@ KV sequence (``seq_id`` = slot id) with at most ``n_ctx_slot`` positions. Every 
    the next token (or says the request is finished).
 
 With speculative decoding (``speculator``: a factory of
-:class:`~llamacpy.api.speculative.Speculator`, one per slot, sharing one cost model), a
+:class:`~llamacpy.api.speculative.Speculator`, one per slot, sharing one cost model
+``spec.cost``), a
 generating slot adds the tokens its proposer guesses after its next token; the chosen
 lengths maximise the step's expected tokens per second. A step with proposals decodes its
 generation rows with single-token numerics (and the prompt chunks, if any, in a second
@@ -210,14 +211,11 @@ class Scheduler:
         self._hook = None  # tests: called with each batch before decoding
         self._erases: list[tuple[int, Any]] = []  # (slot, callback) waiting for the engine
         self._snapshots = bool(getattr(ctx, "can_snapshot", False))  # prefix checkpoints
-        self._speculator = speculator if getattr(ctx, "can_rewind", True) else None
-        self.spec_cost: Any = None
-        if self._speculator is not None:
-            from ..api.speculative import DecodeCost
-
-            self.spec_cost = DecodeCost()
+        self.spec_cost: Any = None  # the speculators' shared cost model (timed(n, s))
+        if speculator is not None and getattr(ctx, "can_rewind", True):
             for sl in self.slots:
-                sl.spec = self._speculator(self.spec_cost)
+                sl.spec = speculator()
+            self.spec_cost = self.slots[0].spec.cost
 
     # ------------------------------------------------------------------ public API
     def start(self) -> Scheduler:
