@@ -39,6 +39,7 @@ def main() -> int:
     ap.add_argument("-n", type=int, default=256)
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--types", default="ngram-simple,prompt-lookup,ngram-map-k,ngram-mod")
+    ap.add_argument("--prompts", default="", help="indices of the prompts to run (default: all)")
     args = ap.parse_args()
     from llamacpy.api import Llama
     from llamacpy.api.speculative import NgramMod, NgramSimple, Speculator, make_proposer
@@ -58,15 +59,19 @@ def main() -> int:
         llm = Llama(model, n_ctx=2048, n_threads=args.threads, verbose=False)
         t0 = time.time()
         for i, prompt in enumerate(prompts):
+            if args.prompts and str(i) not in args.prompts.split(","):
+                continue
             runs = [(0.0, 0), (0.8, 1)]
             plain = {}
             for temp, seed in runs:
                 llm._speculator = None
+                llm.reset()  # (a cached prefix would re-decode the last prompt token alone)
                 r = llm.create_completion(prompt, max_tokens=args.n, temperature=temp, seed=seed)
                 plain[temp, seed] = r["choices"][0]["text"]
             for kind in args.types.split(","):
                 for temp, seed in runs:
                     llm._speculator = sp = Speculator(proposer(kind), adaptive=False)
+                    llm.reset()
                     r = llm.create_completion(prompt, max_tokens=args.n, temperature=temp,
                                               seed=seed)  # fmt: skip
                     same = r["choices"][0]["text"] == plain[temp, seed]
