@@ -443,7 +443,7 @@ class Generation:
         self.finish_reason, self.stop_cause = reason, cause
 
     def _run(self) -> Iterator[Step]:
-        s, cfg, _tok = self.session, self.config, self.session.tokenizer
+        s, cfg = self.session, self.config
         if len(self.prompt) >= s.n_ctx:
             raise ContextOverflowError(
                 f"the prompt has {len(self.prompt)} tokens but the context holds n_ctx = "

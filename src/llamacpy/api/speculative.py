@@ -76,6 +76,16 @@ class Proposer(Protocol):
     def propose(self, history: Sequence[int], n: int) -> list[int]: ...
 
 
+def _last_occurrence(h: np.ndarray, size: int, lo: int, hi: int) -> int:
+    """The largest start ``lo <= j <= hi`` where ``h[j:j + size]`` equals the last ``size``
+    tokens of ``h`` (-1: none)."""
+    if hi < lo:
+        return -1
+    win = np.lib.stride_tricks.sliding_window_view(h[: hi + size], size)[lo:]
+    hits = np.nonzero((win == h[len(h) - size :]).all(axis=1))[0]
+    return lo + int(hits[-1]) if hits.size else -1
+
+
 class NgramSimple:
     """llama.cpp's ``ngram-simple``: the most recent earlier occurrence of the last
     ``size_n`` tokens, and the (at most ``size_m``, at least ``size_n``) tokens after it."""
@@ -94,14 +104,11 @@ class NgramSimple:
         L, sn = len(h), self.size_n
         if sn + self.size_m + 1 >= L - 1:
             return []
-        pattern = h[L - sn :]
-        # earlier windows of the history before the sampled token, starting at
-        # 1 .. L - sn - 2 (not the one that ends with the pattern); the last match wins
-        win = np.lib.stride_tricks.sliding_window_view(h[: L - 1], sn)[1:-1]
-        hits = np.nonzero((win == pattern).all(axis=1))[0]
-        if hits.size == 0:
+        # an earlier window starting at 1 .. L - sn - 2 (not the one that ends with the
+        # pattern, as llama.cpp's search)
+        j = _last_occurrence(h, sn, 1, L - sn - 2)
+        if j < 0:
             return []
-        j = int(hits[-1]) + 1
         copy = min(self.size_m, L - 1 - (j + sn))
         if copy < sn:
             return []
@@ -239,10 +246,9 @@ class PromptLookup:
         h = np.asarray(history, np.int64)
         L = len(h)
         for size in range(min(self.max_ngram_size, L - 1), 0, -1):
-            win = np.lib.stride_tricks.sliding_window_view(h[: L - 1], size)
-            hits = np.nonzero((win == h[L - size :]).all(axis=1))[0]
-            if hits.size:
-                j = int(hits[-1]) + size
+            j = _last_occurrence(h, size, 0, L - 1 - size)
+            if j >= 0:
+                j += size
                 return [int(t) for t in h[j : j + min(n, self.n_max)]]
         return []
 
@@ -304,8 +310,7 @@ class DraftModel:
         n = min(n, self.n_max, s.n_ctx - len(history) - 1)
         if n <= 0 or len(history) >= s.n_ctx:
             return []
-        logits = s.ingest(list(history))
-        assert logits is None
+        s.ingest(list(history))
         row = s.last_logits
         out: list[int] = []
         while len(out) < n:

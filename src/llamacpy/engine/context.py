@@ -199,7 +199,7 @@ class Context:
                 reach = np.maximum.accumulate(np.maximum(cells.astype(np.int64) + 1, top))
                 cols.append([part.n_kv_for(int(r)) for r in reach])
             ranges = np.array(cols, np.int64).T
-        out_idx = ub.out_idx
+        out_idx, fa = ub.out_idx, kv.forward_arrays()
         rows: list[np.ndarray] = []
         a = 0
         while a < n:
@@ -214,7 +214,6 @@ class Context:
                 nk_swa, self._mode(1, nk), self._mode(1, nk_swa), None, None,
                 None if sl.rows is None else sl.rows[a:b],
             )  # fmt: skip
-            fa = kv.forward_arrays()
             rows.append(self.model.forward(self.ws, arrays, fa, self.n_threads, True).copy())
             a = b
         return np.concatenate(rows) if len(rows) > 1 else rows[0]

@@ -97,7 +97,6 @@ class Request:
     t_prompt: float = 0.0  # prompt decoded (first token sampled)
     t_end: float = 0.0
     aborted: bool = False
-    speculative: bool = True  # may use the scheduler's speculator (when it has one)
     n_drafted: int = 0  # proposals verified for this request, accepted ones
     n_accepted: int = 0
     # n > 1: requests that continue this one's prompt in slots of their own; they wait
@@ -585,8 +584,7 @@ class Scheduler:
         rows, tokens = len(gen), float(len(gen))
         for s in gen:
             s.drafts = []
-            r = s.request
-            if s.spec is None or r is None or not r.speculative:
+            if s.spec is None:
                 continue
             room = min(s.n_ctx - len(s.tokens) - 2, self.n_batch - rows)
             if room <= 0:
