@@ -75,15 +75,17 @@ def cases_for(model: str, reduced: bool, caches_extra=()) -> list[dict]:
         lengths = [1, 7, 8, 9, 64, 70, 300]
         grid = [(1, 1), (3, 2), (8, 2), (64, 1), (512, 2)]
         caches = [("f16", "f16")]
-        extra = [(520, 512, 2, "f16", "f16", 16), (40, 8, 1, "f16", "f16", 8)]
+        extra = [(520, 512, 2, "f16", "f16", 16), (40, 8, 1, "f16", "f16", 8),
+                 (70, 8, 2, "q8_0", "q8_0", 8), (9, 1, 1, "f16", "q8_0", 8),
+                 (300, 512, 2, "q8_0", "q8_0", 0)]  # fmt: skip
         gen_lengths = {9: 16, 300: 16}
     else:
         lengths = [1, 2, 5, 7, 8, 9, 15, 16, 17, 33, 63, 64, 65, 100, 130, 255, 256, 300, 511,
                    512, 513, 600]  # fmt: skip
         grid = [(ub, t) for ub in (1, 2, 3, 4, 7, 8, 64, 256, 512) for t in (1, 2)]
         caches = [("f16", "f16")]
-        # other cache types with --caches (q8_0 K/V do not match llama.cpp's yet; f32 cannot
-        # be asked of llama-cpp-python, which takes type 0 for "unset")
+        # other cache types with --caches (f32 cannot be asked of llama-cpp-python, which
+        # takes type 0 for "unset"; q8_0 caches are rotated as llama.cpp's)
         extra = [(n, ub, t, tk, tv, 16) for n in (9, 70, 300) for ub in (1, 8, 512)
                  for t in (1, 2) for tk, tv in caches_extra]  # fmt: skip
         gen_lengths = {9: 64, 100: 64, 513: 64}
@@ -151,6 +153,7 @@ def main() -> int:
     ap.add_argument("--reduced", action="store_true", help="the test suite's matrix")
     ap.add_argument("--write-fixture", action="store_true", help="(implies --reduced)")
     ap.add_argument("--caches", default="", help="extra K/V cache types, e.g. q8_0/q8_0")
+    ap.add_argument("--caches-only", action="store_true", help="only the --caches cells")
     args = ap.parse_args()
     from llamacpy.registry import resolve_model
 
@@ -161,6 +164,8 @@ def main() -> int:
         path = str(resolve_model(name))
         extra = [tuple(c.split("/")) for c in args.caches.split(",") if c]
         cases = cases_for(name, reduced, extra)
+        if args.caches_only:
+            cases = [c for c in cases if (c["tk"], c["tv"]) in extra]
         t0 = time.perf_counter()
         theirs = run_oracle(args.oracle_py, path, cases)
         t1 = time.perf_counter()

@@ -116,9 +116,9 @@ def llama_completion(bin_dir: str, model: str, prompt: str, n: int) -> str:
 def llamacpy_run(model: str, prompt: str, n: int) -> str:
     exe = ROOT / ".venv" / "bin" / "llamacpy"
     r = subprocess.run([str(exe), "run", "-m", model, "-c", "2048", "-t", "2", "--temp", "0",
-                        "-n", str(n), "-p", prompt], capture_output=True, text=True,
-                       errors="surrogateescape", stdin=subprocess.DEVNULL)  # fmt: skip
-    return r.stdout
+                        "--no-display-prompt", "-n", str(n), "-p", prompt], capture_output=True,
+                       text=True, errors="surrogateescape", stdin=subprocess.DEVNULL)  # fmt: skip
+    return r.stdout.removesuffix("\n")  # the newline that ends the output
 
 
 class Server:

@@ -22,7 +22,7 @@ def main():
 
 
 def run(main, capsys, path, *args):
-    code = main(["run", "-m", str(path), "-t", "1", *args])
+    code = main(["run", "-m", str(path), "-t", "1", "--no-display-prompt", *args])
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -33,18 +33,34 @@ def test_seed_parity_with_llama_completion(main, capsys, smollm2_path, reuse_mod
                          str(CLI_CASES["n_predict"]), "-c", str(CLI_CASES["n_ctx"]),
                          *case["flags"])  # fmt: skip
     assert code == 0, err
-    assert out == case["text"]
+    assert out == case["text"] + "\n"
 
 
 def test_stdout_is_text_and_stderr_has_timings(main, capsys, smollm2_path, reuse_model):
     code, out, err = run(main, capsys, smollm2_path, "-p", "The capital of France is",
                          "-n", "6", "-c", "256", "--temp", "0")  # fmt: skip
     assert code == 0
-    assert out == " Paris.\n\nThe United"
+    assert out == " Paris.\n\nThe United\n"
     assert re.search(r"load time = +\d+\.\d\d ms", err)
     assert re.search(r"prompt eval time = +\d+\.\d\d ms / +5 tokens \( +\d+\.\d\d ms per token, "
                      r"+\d+\.\d\d tokens per second\)", err)  # fmt: skip
     assert re.search(r"eval time = +\d+\.\d\d ms / +5 runs", err)
+
+
+def test_prompt_is_displayed_as_llama_completion_does(main, capsys, smollm2_path, reuse_model):
+    # the prompt's tokens as text (the BOS-less SmolLM2 prompt is the text itself), then the
+    # generated text and a newline
+    code = main(["run", "-m", str(smollm2_path), "-t", "1", "-p", "The capital of France is",
+                 "-n", "6", "-c", "256", "--temp", "0"])  # fmt: skip
+    out, _ = capsys.readouterr()
+    assert code == 0 and out == "The capital of France is Paris.\n\nThe United\n"
+    code = main(["run", "-m", str(smollm2_path), "-t", "1", "-p", "<|im_start|>Hi", "-n", "1",
+                 "-c", "256", "--temp", "0", "--special", "--display-prompt"])  # fmt: skip
+    shown, _ = capsys.readouterr()
+    code = main(["run", "-m", str(smollm2_path), "-t", "1", "-p", "<|im_start|>Hi", "-n", "1",
+                 "-c", "256", "--temp", "0"])  # fmt: skip
+    hidden, _ = capsys.readouterr()
+    assert shown.startswith("<|im_start|>Hi") and hidden.startswith("Hi")
 
 
 def test_prompt_file_and_escapes(main, capsys, smollm2_path, reuse_model, tmp_path):
@@ -52,7 +68,7 @@ def test_prompt_file_and_escapes(main, capsys, smollm2_path, reuse_model, tmp_pa
     f.write_text("The capital of France is\n")  # one trailing newline is dropped
     code, out_f, _ = run(main, capsys, smollm2_path, "-f", str(f), "-n", "3", "-c", "256",
                          "--temp", "0")  # fmt: skip
-    assert code == 0 and out_f == " Paris.\n"
+    assert code == 0 and out_f == " Paris.\n\n"
     code, out_e, _ = run(main, capsys, smollm2_path, "-p", "Q: 1+1?\\nA:", "-n", "2", "-c",
                          "256", "--temp", "0")  # fmt: skip
     code, out_n, _ = run(main, capsys, smollm2_path, "-p", "Q: 1+1?\nA:", "-n", "2", "-c",

@@ -145,10 +145,11 @@ def test_seq_rm_then_redecode_and_seq_cp(tiny_dir: Path) -> None:
     np.testing.assert_array_equal(one, full[8:])
 
 
-@pytest.mark.parametrize("cache", ["f32", "f16"])
+@pytest.mark.parametrize("cache", ["f32", "f16", "q8_0"])
 def test_seq_add_shift_keeps_attention_relative(tiny_dir: Path, cache: str) -> None:
     # rope makes attention depend on relative positions only: moving a whole sequence by
-    # +5 (the keys are re-roped) must not change what comes next, up to rounding
+    # +5 (the keys are re-roped) must not change what comes next, up to rounding (q8_0: the
+    # keys are stored rotated, so the shift rotates them back, ropes and rotates again)
     ctx = Context(tiny(tiny_dir, GGMLType.Q8_0), _params(type_k=cache, type_v=cache))
     fresh = ctx.decode(Batch.from_tokens(TOKENS[:9]))[0]
     ctx.clear()
@@ -156,7 +157,8 @@ def test_seq_add_shift_keeps_attention_relative(tiny_dir: Path, cache: str) -> N
     ctx.seq_add(0, 0, -1, 5)
     assert ctx.kv.seq_pos_max(0) == 12
     shifted = ctx.decode(Batch.from_tokens([TOKENS[8]], pos0=13))[0]
-    tol = (1e-4 if cache == "f32" else 5e-2) * np.abs(fresh).max()  # f16 keys are re-rounded
+    # f16 and q8_0 keys are re-rounded
+    tol = {"f32": 1e-4, "f16": 5e-2, "q8_0": 5e-2}[cache] * np.abs(fresh).max()
     np.testing.assert_allclose(shifted, fresh, rtol=0, atol=tol)
     ctx.seq_add(0, 0, 13, -20)  # positions moved below 0 free their cells
     assert ctx.kv.n_used == 1 and ctx.kv.seq_pos_max(0) == 13

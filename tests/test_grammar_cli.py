@@ -32,12 +32,12 @@ def test_same_text_as_llama_completion(case, capsys, request, reuse_model):
     path = request.getfixturevalue(
         "smollm2_path" if case["model"] == "smollm2-135m" else "gemma3_path"
     )
-    code = cli.main(["run", "-m", str(path), "-t", "1", "-p", case["prompt"], "-n",
+    code = cli.main(["run", "-m", str(path), "-t", "1", "--no-display-prompt", "-p", case["prompt"], "-n",
                      str(DATA["n_predict"]), "-c", str(DATA["n_ctx"]), *_constraint(case),
                      *case["flags"]])  # fmt: skip
     out, err = capsys.readouterr()
     assert code == 0, err
-    assert out == case["text"]
+    assert out == case["text"] + "\n"
 
 
 def test_json_schema_file_and_schema_output(capsys, smollm2_path, reuse_model):
@@ -45,7 +45,7 @@ def test_json_schema_file_and_schema_output(capsys, smollm2_path, reuse_model):
     import jsonschema
 
     schema = FIX / "schemas" / "person.json"
-    code = cli.main(["run", "-m", str(smollm2_path), "-t", "1", "-p",
+    code = cli.main(["run", "-m", str(smollm2_path), "-t", "1", "--no-display-prompt", "-p",
                      "A JSON object describing a person:", "-n", "64", "-s", "42", "-jf",
                      str(schema)])  # fmt: skip
     out, err = capsys.readouterr()

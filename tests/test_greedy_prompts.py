@@ -36,11 +36,12 @@ def test_command_line(model, capsys):
     assert len(rows) >= 12 and any(len(r["prompt"]) > 3000 for r in rows)
     differ = []
     for r in rows:
-        code = cli.main(["run", "-m", str(path), "-c", "2048", "-t", "2", "--temp", "0", "-n",
+        code = cli.main(["run", "-m", str(path), "-c", "2048", "-t", "2", "--temp", "0",
+                         "--no-display-prompt", "-n",
                          str(N), "-p", r["prompt"]])  # fmt: skip
         out, err = capsys.readouterr()
         assert code == 0, err
-        if out != r["text"]:
+        if out != r["text"] + "\n":
             differ.append((r["prompt"][:40], out[:80], r["text"][:80]))
     assert not differ, differ
 

@@ -207,3 +207,27 @@ def test_attention_rows_in_given_order_do_not_depend_on_cell_placement(kv_type: 
         outs.append(out)
     np.testing.assert_array_equal(outs[1], outs[0])
     assert not np.array_equal(outs[2], outs[0])  # the order is what makes them equal
+
+
+def test_hadamard_rotation_is_ggml_fwht() -> None:
+    """The rotation of a quantized cache: ``H x / sqrt(n)`` chunk by chunk (H the Sylvester
+    Hadamard matrix), its own inverse, the same as the numpy twin bit for bit; the sizes are
+    llama.cpp's (k: the largest power of two from 64 dividing the head, v: 64; none for
+    f16/f32 caches or heads that are not a multiple of 64)."""
+    rng = np.random.default_rng(3)
+    for n in (64, 128, 256):
+        h = np.array([[1.0]])
+        while len(h) < n:
+            h = np.block([[h, h], [h, -h]])
+        x = rng.standard_normal(3 * n).astype(F32)
+        y = x.copy()
+        attention.fwht(y, 0, 3 * n, n)
+        want = (h @ x.reshape(3, n).T.astype(np.float64)).T.reshape(-1) / np.sqrt(n)
+        np.testing.assert_allclose(y, want, rtol=0, atol=1e-5 * np.abs(want).max())
+        np.testing.assert_array_equal(AR.fwht_numpy(x.reshape(3, n), n).reshape(-1), y)
+        attention.fwht(y, 0, 3 * n, n)
+        np.testing.assert_allclose(y, x, rtol=0, atol=1e-5 * np.abs(x).max())
+    sizes = {hd: attention.k_rotation(KV_Q8_0, hd) for hd in (32, 64, 96, 128, 192, 256, 512)}
+    assert sizes == {32: 0, 64: 64, 96: 0, 128: 128, 192: 64, 256: 256, 512: 512}
+    assert [attention.v_rotation(KV_Q8_0, hd) for hd in (32, 64, 256)] == [0, 64, 64]
+    assert attention.k_rotation(KV_F16, 256) == attention.v_rotation(KV_F32, 256) == 0

@@ -258,12 +258,13 @@ def test_draft_model_of_the_same_vocabulary(smollm2_path, gemma3_path):
 @pytest.mark.real_model
 @pytest.mark.parametrize("case", CLI_CASES["cases"][:4], ids=lambda c: c["name"])
 def test_cli_output_with_speculation_is_llama_completions(capsys, smollm2_path, case):
-    code = cli.main(["run", "-m", str(smollm2_path), "-t", "1", "-p", case["prompt"], "-n",
+    code = cli.main(["run", "-m", str(smollm2_path), "-t", "1", "--no-display-prompt", "-p",
+                     case["prompt"], "-n",
                      str(CLI_CASES["n_predict"]), "-c", str(CLI_CASES["n_ctx"]),
                      *case["flags"], "--spec-type", "prompt-lookup", "--spec-no-adapt"])  # fmt: skip
     out, err = capsys.readouterr()
     assert code == 0, err
-    assert out == case["text"]
+    assert out == case["text"] + "\n"
 
 
 def test_cli_speculation_errors(capsys, smollm2_path):

@@ -1,7 +1,8 @@
 """``llamacpy run``: complete a prompt, like ``llama-completion -no-cnv``.
 
-The generated text goes to stdout as it is produced (and nothing else does); at the end
-llama.cpp's timing lines (load, prompt eval, eval: ms per token and tokens per second) go to
+The prompt (as its tokens' text, special tokens shown with ``--special``; not with
+``--no-display-prompt``) and then the generated text go to stdout as they are produced, and a
+newline at the end (nothing else goes there); at the end llama.cpp's timing lines (load, prompt eval, eval: ms per token and tokens per second) go to
 stderr. ``-n -1`` generates until an end-of-generation token or a full context; a full
 context ends the run unless ``--context-shift`` is given (then llama.cpp's shift keeps the
 first ``--keep`` prompt tokens and drops half of the rest). The sampler flags are
@@ -312,6 +313,11 @@ def _run(args: argparse.Namespace) -> int:
         special=args.special,
     )
     out = sys.stdout
+    if args.display_prompt:
+        shown = b"".join(tok.token_to_piece(t, special=args.special) for t in tokens)
+        output_begins()
+        out.write(shown.decode("utf-8", errors="replace"))
+        out.flush()
     gen = session.generate(tokens, chain, config)
     code = 0
     try:
@@ -324,6 +330,7 @@ def _run(args: argparse.Namespace) -> int:
         gen.close()
         code = 130
     output_begins()
+    out.write("\n")
     out.flush()
     if gen.stop_cause == "context" and args.n_predict != -2:
         print("\nllamacpy: context full, stopping (use --context-shift to continue)",
@@ -354,6 +361,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-r", "--reverse-prompt", action="append", default=[],
                    help="stop when this text is generated (repeatable; not printed)")  # fmt: skip
     p.add_argument("-sp", "--special", action="store_true", help="print special tokens")
+    p.add_argument("--display-prompt", dest="display_prompt", action="store_true", default=True,
+                   help="print the prompt before the generated text (default)")  # fmt: skip
+    p.add_argument("--no-display-prompt", dest="display_prompt", action="store_false",
+                   help="print only the generated text")  # fmt: skip
     p.add_argument("-e", "--escape", dest="escape", action="store_true", default=True,
                    help="process escapes (\\n, \\t, ...) in the prompt (default)")  # fmt: skip
     p.add_argument("--no-escape", dest="escape", action="store_false")

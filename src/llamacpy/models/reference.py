@@ -19,7 +19,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ops.activations import geglu_numpy, silu_numpy, swiglu_numpy, swiglu_oai_numpy
-from ..ops.attention_ref import attention_numpy, load_rows_numpy, store_row_numpy
+from ..ops.attention_ref import (
+    attention_numpy,
+    fwht_numpy,
+    load_rows_numpy,
+    rotations,
+    store_row_numpy,
+)
 from ..ops.dequant import dequantize_repacked_numpy
 from ..ops.matmul import block_mins, matmul_numpy
 from ..ops.moe import route_numpy, shared_gate_numpy, softmax_ggml_numpy
@@ -255,8 +261,13 @@ def scale_q(r: Reference, p: Pass, L) -> None:
 
 def kv_store(r: Reference, p: Pass, L) -> None:
     """Write k and v of each token into its cache cell (in the cache's type; the layer's
-    kind's cache)."""
+    kind's cache; a quantized cache holds q, k and v rotated)."""
     d, li, part = int(r.M["head_dim"]), int(L["kv_index"]), p.parts[int(L["swa"] != 0)]
+    rk, rv = rotations(p.k_type, p.v_type, d)
+    if rk:
+        p.q, p.k = fwht_numpy(p.q, rk), fwht_numpy(p.k, rk)
+    if rv:
+        p.v = fwht_numpy(p.v, rv)
     k, v = _heads(p.k, d), _heads(p.v, d)
     for t, cell in enumerate(part.cells):
         for hk in range(k.shape[1]):
@@ -281,6 +292,9 @@ def attention(r: Reference, p: Pass, L) -> None:
         r.M["kq_scale"], sinks,
     )  # fmt: skip
     p.att = att.reshape(len(att), -1)
+    rv = rotations(p.k_type, p.v_type, d)[1]
+    if rv:  # rotated values: the output rotated back
+        p.att = fwht_numpy(p.att, rv)
 
 
 def out_proj(r: Reference, p: Pass, L) -> None:

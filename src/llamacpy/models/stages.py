@@ -38,7 +38,10 @@ from ..ops.attention import (
     attention_split_merge,
     attention_split_partial,
     attention_tiled,
+    fwht,
+    k_rotation,
     store_row,
+    v_rotation,
 )
 from ..ops.delta_net import conv_tokens, delta_rule_head, l2_norm
 from ..ops.dequant import get_row_sel
@@ -388,12 +391,19 @@ def scale_q(c, L, clk):
 
 @njit(cache=True)
 def kv_store(c, L, clk):
-    """Write k and v of each token into its cache cell (in the cache's type)."""
+    """Write k and v of each token into its cache cell (in the cache's type). A quantized
+    cache holds k (and q with it) and v rotated (see :mod:`..ops.attention`)."""
     M = c.M
     kv = c.kv_swa if L.swa != 0 else c.kv
     hd, base = M.head_dim, _layer_base(c, L, kv)
+    rk, rv = k_rotation(c.k_type, hd), v_rotation(c.v_type, hd)
     t0, t1 = _token_rows(c)
     for t in range(t0, t1):
+        if rk:
+            fwht(c.Q[t], 0, M.n_head * hd, rk)
+            fwht(c.KN[t], 0, M.n_head_kv * hd, rk)
+        if rv:
+            fwht(c.VN[t], 0, M.n_head_kv * hd, rv)
         for h in range(M.n_head_kv):
             o = base + h * kv.hstride + kv.cells[t] * c.rowb
             store_row(c.KN[t], h * hd, hd, c.k_type, kv.KC, o)
@@ -416,7 +426,14 @@ def attention(c, L, clk):
     sk = L.attn_sinks
     sinks = c.NF[sk : sk + c.M.n_head] if sk >= 0 else c.NF[:0]
     _attention(c, kv, _layer_base(c, L, kv), gqa, sinks)
-    return _sync(c, tick(c.prof, c.tid, P_ATTN, clk))
+    clk = _sync(c, tick(c.prof, c.tid, P_ATTN, clk))
+    rv = v_rotation(c.v_type, c.M.head_dim)
+    if rv:  # the output of rotated values, rotated back
+        t0, t1 = _token_rows(c)
+        for t in range(t0, t1):
+            fwht(c.ATT[t], 0, c.M.n_head * c.M.head_dim, rv)
+        clk = _sync(c, tick(c.prof, c.tid, P_ATTN, clk))
+    return clk
 
 
 @njit(cache=True)

@@ -12,6 +12,12 @@ flash_attn_ext_f16``:
   chunk per thread, merged by :func:`merge_partials`).
 * ``attend_tiled`` (ubatches of 64 tokens and more, f16/f32 cache): float32 throughout, cells
   in tiles of 64 with the softmax state updated per tile.
+
+A quantized cache stores its heads rotated (llama.cpp's attention rotation): q and k by a
+Walsh-Hadamard transform of :func:`k_rotation` elements, v by one of :func:`v_rotation`
+elements and the attention output back by the same (the transform is its own inverse); the
+scores and outputs are those of the unrotated vectors, the quantization error is spread
+over each block. :func:`fwht` is ggml's ``fwht`` (its ``mul_mat`` with a Hadamard hint).
 """
 
 from __future__ import annotations
@@ -52,6 +58,47 @@ def kv_row_bytes(kv_type: int, head_dim: int) -> int:
     if kv_type == KV_F16:
         return 2 * head_dim
     return head_dim // 32 * 34
+
+
+# ----------------------------------------------------------------------------- rotation
+@njit(cache=True)
+def k_rotation(kv_type, hd):
+    """Elements of the Hadamard rotation of q and k for a K cache of ``kv_type`` (0: none):
+    a quantized cache of heads that are a multiple of 64, the largest power of two from 64
+    that divides the head."""
+    if kv_type != KV_Q8_0 or hd % 64 != 0:
+        return 0
+    n = 64
+    while hd % (2 * n) == 0:
+        n *= 2
+    return n
+
+
+@njit(cache=True)
+def v_rotation(kv_type, hd):
+    """Elements of the Hadamard rotation of v (and back of the attention output) for a V
+    cache of ``kv_type`` (0: none): 64 for a quantized cache of heads that are a multiple
+    of 64."""
+    return 64 if kv_type == KV_Q8_0 and hd % 64 == 0 else 0
+
+
+@njit(cache=True)
+def fwht(x, off, length, n):
+    """In place, ``x[off:off+length]`` in chunks of ``n`` (a power of two): each chunk
+    scaled by ``1/sqrt(n)`` then the butterflies ``(u + v, u - v)`` of widths 1, 2, 4, ...
+    (ggml's fast Walsh-Hadamard transform; the same rounding as its SIMD passes)."""
+    scale = _F32(1.0) / np.sqrt(_F32(n))
+    for c0 in range(off, off + length, n):
+        for j in range(c0, c0 + n):
+            x[j] = x[j] * scale
+        w = 1
+        while w < n:
+            for i in range(c0, c0 + n, 2 * w):
+                for j in range(i, i + w):
+                    u, v = x[j], x[j + w]
+                    x[j] = u + v
+                    x[j + w] = u - v
+            w *= 2
 
 
 # ----------------------------------------------------------------------------- cache rows
@@ -130,18 +177,43 @@ def _dot_f32(qv, kc, ko, hd):
 
 
 @njit(cache=True, inline="always")
+def _i8(b):
+    v = np.int32(b)
+    return v - 256 if v >= 128 else v
+
+
+@njit(cache=True, inline="always")
+def _lane4(kc, o, qq, qo):
+    """One int32 lane of ggml's ``mul_sum_i8_pairs_float``: 4 consecutive int8 products."""
+    return _F32(
+        _i8(kc[o]) * qq[qo]
+        + _i8(kc[o + 1]) * qq[qo + 1]
+        + _i8(kc[o + 2]) * qq[qo + 2]
+        + _i8(kc[o + 3]) * qq[qo + 3]
+    )
+
+
+@njit(cache=True, inline="always")
 def _dot_q8(qv, qq, kc, ko, hd):
-    """q8_0 . q8_0: per block d_k*d_q*sum(int products); ``qq`` = q quantized (int8 in an
-    int32 array), ``qv[b]`` its block scales."""
-    acc = _F32(0.0)
+    """ggml_vec_dot_q8_0_q8_0 (x86, AVX2 and up): per block ``d = d_k * d_q``, the 32 int8
+    products summed in 8 lanes of 4 (as float), ``acc[lane] = fma(d, lane, acc[lane])``;
+    ``hsum_float_8`` at the end. ``qq`` = q quantized (int8 in an int32 array), ``qv[b]``
+    its block scales."""
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = _F32(0.0)
     for b in range(hd // 32):
-        isum = 0
-        o = ko + 34 * b
-        for j in range(32):
-            k = np.int64(kc[o + 2 + j])
-            isum += (k - 256 if k >= 128 else k) * qq[32 * b + j]
-        acc += load_f16(kc, o) * qv[b] * _F32(isum)
-    return acc
+        o = ko + 34 * b + 2
+        q0 = 32 * b
+        d = load_f16(kc, o - 2) * qv[b]
+        a0 = fmaf(d, _lane4(kc, o, qq, q0), a0)
+        a1 = fmaf(d, _lane4(kc, o + 4, qq, q0 + 4), a1)
+        a2 = fmaf(d, _lane4(kc, o + 8, qq, q0 + 8), a2)
+        a3 = fmaf(d, _lane4(kc, o + 12, qq, q0 + 12), a3)
+        a4 = fmaf(d, _lane4(kc, o + 16, qq, q0 + 16), a4)
+        a5 = fmaf(d, _lane4(kc, o + 20, qq, q0 + 20), a5)
+        a6 = fmaf(d, _lane4(kc, o + 24, qq, q0 + 24), a6)
+        a7 = fmaf(d, _lane4(kc, o + 28, qq, q0 + 28), a7)
+    r0, r1, r2, r3 = a4 + a0, a5 + a1, a6 + a2, a7 + a3
+    return (r0 + r2) + (r1 + r3)
 
 
 @njit(cache=True)
@@ -691,6 +763,7 @@ def rope_shift_rows(kc, k_type, hd, n_layer, n_head_kv, n_ctx, rowb, cells, shif
     and head of the flat cache ``kc``), dequantizing and re-storing in the cache type as
     llama.cpp's K-shift."""
     n_rot = np.int64(rp[6])
+    rk = k_rotation(k_type, hd)
     row = np.empty((1, hd), _F32)
     cache = np.empty(max(2, n_rot), _F32)
     for c in cells:
@@ -698,5 +771,9 @@ def rope_shift_rows(kc, k_type, hd, n_layer, n_head_kv, n_ctx, rowb, cells, shif
         for hk in range(n_layer * n_head_kv):
             o = (hk * n_ctx + c) * rowb
             load_row(kc, o, hd, k_type, row[0])
+            if rk:  # rotated keys: back, rope, forward again
+                fwht(row[0], 0, hd, rk)
             rope_apply(row, 0, 0, 1, hd, cache, n_rot, neox)
+            if rk:
+                fwht(row[0], 0, hd, rk)
             store_row(row[0], 0, hd, k_type, kc, o)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .activations import exp_ggml_numpy
-from .attention import KV_F16, KV_F32, TILE
+from .attention import KV_F16, KV_F32, TILE, k_rotation, v_rotation
 
 _F32 = np.float32
 MODE_ROWS, MODE_TILED, MODE_SPLIT = 0, 1, 2
@@ -17,6 +17,23 @@ def _hsum16(x: np.ndarray) -> np.float32:
     b = (a[:4] + a[4:]).astype(_F32)
     c = (b[:2] + b[2:]).astype(_F32)
     return _F32(c[0] + c[1])
+
+
+def fwht_numpy(x: np.ndarray, n: int) -> np.ndarray:
+    """Twin of :func:`.attention.fwht`: the last axis in chunks of ``n``, rotated."""
+    y = x.astype(_F32).reshape(-1, n) * (_F32(1.0) / np.sqrt(_F32(n)))
+    w = 1
+    while w < n:
+        z = y.reshape(len(y), n // (2 * w), 2, w)
+        u, v = z[:, :, 0].copy(), z[:, :, 1].copy()
+        z[:, :, 0], z[:, :, 1] = u + v, u - v
+        w *= 2
+    return y.reshape(x.shape)
+
+
+def rotations(k_type: int, v_type: int, d: int) -> tuple[int, int]:
+    """(k rotation, v rotation) of heads of ``d`` in caches of these types (0: none)."""
+    return int(k_rotation(k_type, d)), int(v_rotation(v_type, d))
 
 
 def store_row_numpy(row: np.ndarray, x: np.ndarray, t: int) -> None:
