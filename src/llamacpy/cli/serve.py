@@ -4,6 +4,7 @@ flags). The model loads in the background; ``/health`` answers 503 until it is r
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,7 @@ def _serve(args: argparse.Namespace) -> int:
         timeout_body=args.timeout_body,
         max_connections=args.max_connections,
         metrics=args.metrics,
+        slot_save_path=_slot_dir(args.slot_save_path),
         allowed_hosts=tuple(h.strip() for h in (args.allowed_hosts or "").split(",") if h.strip()),
         reasoning_format=args.reasoning_format,
         reasoning_budget=args.reasoning_budget,
@@ -162,6 +164,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "forced (-1: no limit, 0: no thinking; default: -1)")  # fmt: skip
     p.add_argument("--reasoning-budget-message", default="",
                    help="text written before the forced end of a reasoning block")  # fmt: skip
+    p.add_argument(
+        "--slot-save-path",
+        default="",
+        metavar="DIR",
+        help="directory for POST /slots/{id}?action=save|restore (default: off)",
+    )
     p.add_argument("--metrics", action="store_true",
                    help="serve Prometheus metrics on /metrics (default: off, 501)")  # fmt: skip
     p.add_argument("-v", "--verbose", action="store_true", help="log uvicorn's events too")
@@ -172,3 +180,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_warmup_arg(p)
     add_compat_args(p, warmup=False)
     p.set_defaults(func=_serve)
+
+
+def _slot_dir(path: str) -> str:
+    """``--slot-save-path``: an existing, writable directory (checked before the model loads)."""
+    if not path:
+        return ""
+    d = os.path.abspath(path)
+    if not os.path.isdir(d):
+        raise UsageError(f"--slot-save-path {path!r} is not a directory")
+    if not os.access(d, os.W_OK | os.X_OK):
+        raise UsageError(f"--slot-save-path {path!r} is not writable")
+    return d

@@ -348,6 +348,60 @@ class KVCache(Memory):
         self.head = n % self.n_ctx
         self._changed()
 
+    def get_seq_state(self, seq_id: int) -> dict[str, np.ndarray]:
+        """Sequence ``seq_id``'s cells (K/V rows, positions, pending shifts) in position
+        order."""
+        self._check_seq(seq_id)
+        cells = np.nonzero(self._cells(seq_id, -1, -1))[0]
+        cells = cells[np.argsort(self.pos[cells], kind="stable")]
+        return {
+            "k": self.k[:, :, cells],
+            "v": self.v[:, :, cells],
+            "pos": self.pos[cells],
+            "shift": self.shift[cells],
+            "layout": self.layout(),
+        }
+
+    def set_seq_state(self, seq_id: int, state: dict[str, np.ndarray]) -> None:
+        self._load_seq(seq_id, self.check_seq_state(state))
+
+    def check_seq_state(self, state: dict[str, np.ndarray]) -> tuple:
+        """The arrays of a :meth:`get_seq_state` snapshot, checked against this cache (a
+        ``UsageError`` naming the mismatch; nothing is changed)."""
+        k, v, pos, shift = state_fields(
+            state,
+            "KV cache sequence",
+            {"k": None, "v": None, "pos": np.int32, "shift": np.int32},
+            self.layout(),
+            "the state was saved from a different model or cache type (layout {}, this cache {})",
+        )
+        n = len(pos)
+        if n > self.n_ctx:
+            raise UsageError(f"the state holds {n} cells but this cache has n_ctx = {self.n_ctx}")
+        want = (*self.k.shape[:2], n, self.row_bytes)
+        if k.shape != want or v.shape != want or shift.shape != (n,) or pos.ndim != 1:
+            raise UsageError(f"KV cache state: arrays do not match {n} cells of shape {want}")
+        if n and (pos.min() < 0 or (np.diff(pos) <= 0).any()):
+            raise UsageError("KV cache state: positions must be >= 0 and increasing")
+        return k, v, pos, shift
+
+    def _load_seq(self, seq_id: int, arrays: tuple) -> None:
+        k, v, pos, shift = arrays
+        self._check_seq(seq_id)
+        self.seq_rm(seq_id, -1, -1)
+        n = len(pos)
+        if n == 0:
+            return
+        ub = UBatch(
+            np.zeros(n, np.int32), pos.astype(np.int32), np.full((n, 1), seq_id, np.int32),
+            np.zeros(0, np.int32),
+        )  # fmt: skip
+        cells = self.place(ub)  # KVCacheFullError when the cells are not there
+        self.k[:, :, cells] = k
+        self.v[:, :, cells] = v
+        self.shift[cells] = shift
+        self.has_shift = self.has_shift or bool(shift.any())
+
     # ------------------------------------------------------------------ placement
     def place(self, ub: UBatch) -> np.ndarray:
         """Find cells for the ubatch's tokens, record their positions and sequences, and

@@ -173,6 +173,16 @@ class Memory(ABC):
     def set_state(self, state: dict[str, np.ndarray]) -> None:
         """Restore :meth:`get_state`'s arrays (checked against this memory's layout)."""
 
+    def get_seq_state(self, seq_id: int) -> dict[str, np.ndarray]:
+        """One sequence's part of the memory as named arrays (a slot save); memories that
+        cannot single a sequence out raise ``UsageError``."""
+        raise UsageError(f"saving one sequence is not supported for a {type(self).__name__}")
+
+    def set_seq_state(self, seq_id: int, state: dict[str, np.ndarray]) -> None:
+        """Replace sequence ``seq_id`` by a :meth:`get_seq_state` snapshot (checked first:
+        nothing changes on a ``UsageError``)."""
+        raise UsageError(f"restoring one sequence is not supported for a {type(self).__name__}")
+
     @property
     @abstractmethod
     def nbytes(self) -> int:
@@ -238,6 +248,19 @@ class PairedMemory(Memory):
         checked = [m.check_state(st) for m, st in zip(mems, parts)]  # both before either
         for m, arrays in zip(mems, checked):
             m._load(arrays)
+
+    def get_seq_state(self, seq_id: int) -> dict[str, np.ndarray]:
+        out = {}
+        for name, m in zip(self.PARTS, self._both()):
+            out.update({f"{name}.{k}": a for k, a in m.get_seq_state(seq_id).items()})
+        return out
+
+    def set_seq_state(self, seq_id: int, state: dict[str, np.ndarray]) -> None:
+        parts = state_parts(state, self.PARTS, self.KIND)
+        mems = self._both()
+        checked = [m.check_seq_state(st) for m, st in zip(mems, parts)]  # both before either
+        for m, arrays in zip(mems, checked):
+            m._load_seq(seq_id, arrays)
 
     @property
     def nbytes(self) -> int:

@@ -208,7 +208,8 @@ class Scheduler:
         self._stopped = False
         self._thread: threading.Thread | None = None
         self._hook = None  # tests: called with each batch before decoding
-        self._erases: list[tuple[int, Any]] = []  # (slot, callback) waiting for the engine
+        # (slot, task, callback): slot tasks (erase, save, restore) waiting for the engine
+        self._erases: list[tuple[int, Any, Any]] = []
         self._snapshots = bool(getattr(ctx, "can_snapshot", False))  # prefix checkpoints
         self.spec_cost: Any = None  # the speculators' shared cost model (timed(n, s))
         if speculator is not None and getattr(ctx, "can_rewind", True):
@@ -261,26 +262,63 @@ class Scheduler:
     def erase(self, slot: int, done: Any) -> None:
         """Forget slot ``slot``'s cached tokens (thread-safe), once it is idle;
         ``done(n_erased)`` is then called on the engine thread."""
+        self.slot_task(slot, self.erase_slot, done)
+
+    def slot_task(self, slot: int, task: Any, done: Any) -> None:
+        """Run ``task(slot)`` on the engine thread once slot ``slot`` is idle (as llama-server
+        defers slot actions) and call ``done`` with its result, or with the exception it
+        raised, or with -1 when the server shuts down first (thread-safe)."""
         if not 0 <= slot < len(self.slots):
             raise UsageError(f"Invalid slot ID {slot} (the server has {len(self.slots)} slots)")
         with self._cond:
-            self._erases.append((slot, done))
+            self._erases.append((slot, task, done))
             self._cond.notify()
 
+    def erase_slot(self, s: Slot) -> int:
+        n = len(s.tokens)
+        self._reset_slot(s)
+        return n
+
+    def save_slot(self, s: Slot) -> tuple[list[int], dict]:
+        """(cached tokens, the slot's sequence in the memory): what a slot file holds."""
+        return list(s.tokens), self.ctx.kv.get_seq_state(s.id)
+
+    def restore_slot(self, tokens: list[int], state: dict) -> Any:
+        """A slot task: the slot's cache becomes ``tokens`` with their saved sequence (checked
+        first; a failure leaves the slot empty, never half-restored)."""
+
+        def task(s: Slot) -> int:
+            self._reset_slot(s)
+            try:
+                self.ctx.kv.set_seq_state(s.id, state)
+            except Exception:
+                self._reset_slot(s)
+                raise
+            if self.ctx.kv.seq_pos_max(s.id) != len(tokens) - 1:
+                self._reset_slot(s)
+                raise UsageError("the slot file's tokens do not match its cached cells")
+            s.tokens[:] = tokens
+            s.t_last_used = time.monotonic()
+            return len(tokens)
+
+        return task
+
     def _service(self) -> None:
-        """Run the erases whose slots are idle (the others wait, as llama-server defers)."""
+        """Run the slot tasks whose slots are idle (the others wait)."""
         with self._cond:
             todo, self._erases = self._erases, []
         later = []
-        for sid, done in todo:
+        for sid, task, done in todo:
             s = self.slots[sid]
             if s.busy:
-                later.append((sid, done))
+                later.append((sid, task, done))
                 continue
-            n = len(s.tokens)
-            self._reset_slot(s)
             try:
-                done(n)
+                result = task(s)
+            except Exception as e:  # handed to the caller, who answers with it
+                result = e
+            try:
+                done(result)
             except Exception:
                 pass
         if later:
@@ -344,7 +382,7 @@ class Scheduler:
             self._end(self._queue.popleft(), "shutdown")
         with self._cond:
             todo, self._erases = self._erases, []
-        for _, done in todo:  # never left waiting: -1 says nothing was erased
+        for _, _, done in todo:  # never left waiting: -1 says the server shut down
             try:
                 done(-1)
             except Exception:

@@ -53,6 +53,7 @@ class ServerConfig:
     timeout_body: float = 30.0
     max_connections: int = 100
     metrics: bool = False
+    slot_save_path: str = ""  # directory of slot files ("": save/restore answer 501)
     allowed_hosts: tuple[str, ...] = ()  # () = the loopback names when bound to loopback
     reasoning_format: str = "deepseek"  # default of chat requests' reasoning_format
     reasoning_budget: int = -1  # tokens a <think> block may take (-1: no limit)

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import math
+import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,7 +37,7 @@ from ..api.tool_calls import (
     plan_chat,
 )
 from ..errors import LlamacpyError
-from . import accesslog, metrics, webui
+from . import accesslog, metrics, slot_files, webui
 from .app import ServerState
 from .errors import APIError, bad_request
 from .responses import Shaper, sse
@@ -168,32 +170,76 @@ async def slots(request: Request) -> Response:
 
 
 async def slot_action(request: Request) -> Response:
-    """``POST /slots/{id}?action=erase``: forget the slot's cached prompt once it is idle
-    (``{"id_slot", "n_erased"}``); ``save`` / ``restore`` are not supported (501)."""
-    m = _state(request).generator()
+    """``POST /slots/{id}?action=erase|save|restore`` as llama-server: ``erase`` forgets
+    the slot's cached prompt once it is idle (``{"id_slot", "n_erased"}``); with
+    ``--slot-save-path``, ``save`` writes it to ``{"filename"}`` in that directory and
+    ``restore`` reads it back (see :mod:`.slot_files`; 501 without the flag)."""
+    st = _state(request)
+    m = st.generator()
     try:
         sid = int(request.path_params["id_slot"])
     except ValueError:
         raise bad_request("Invalid slot ID") from None
     action = request.query_params.get("action", "")
-    if action in ("save", "restore"):
-        raise APIError(501, f"slot {action} is not supported by this server")
-    if action != "erase":
+    if action not in ("erase", "save", "restore"):
         raise bad_request("Invalid action: 'action' must be erase, save or restore")
-    loop = asyncio.get_running_loop()
-    fut: asyncio.Future[int] = loop.create_future()
-
-    def done(n: int) -> None:
-        loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(n))
-
+    if not 0 <= sid < len(m.scheduler.slots):
+        raise bad_request(f"Invalid slot ID {sid} (the server has {len(m.scheduler.slots)} slots)")
+    if action == "erase":
+        n = await _slot_task(m, sid, m.scheduler.erase_slot)
+        return JSONResponse({"id_slot": sid, "n_erased": n})
+    if not st.config.slot_save_path:
+        raise APIError(501, "This server does not support slots action. Start it with "
+                            "`--slot-save-path`")  # fmt: skip
+    f = Fields(await read_json(request))
     try:
-        m.scheduler.erase(sid, done)
+        filename = slot_files.check_filename(f.raw("filename", None))
     except LlamacpyError as e:
         raise bad_request(str(e)) from None
-    n = await fut
-    if n < 0:
+    path = Path(st.config.slot_save_path) / filename
+    fp = await run_in_threadpool(slot_files.fingerprint, m)
+    t0 = time.perf_counter()
+    if action == "save":
+        tokens, state = await _slot_task(m, sid, m.scheduler.save_slot)
+        try:
+            n_bytes = await run_in_threadpool(slot_files.write, path, fp, tokens, state)
+        except OSError as e:
+            raise APIError(500, f"could not write slot file {filename!r}: {e.strerror}") from None
+        ms = 1000 * (time.perf_counter() - t0)
+        return JSONResponse({"id_slot": sid, "filename": filename, "n_saved": len(tokens),
+                             "n_written": n_bytes, "timings": {"save_ms": ms}})  # fmt: skip
+    try:
+        tokens, state, n_bytes = await run_in_threadpool(
+            slot_files.read, path, fp, m.ctx.kv.nbytes, m.n_ctx_slot
+        )
+    except LlamacpyError as e:
+        raise bad_request(str(e)) from None
+    n = await _slot_task(m, sid, m.scheduler.restore_slot(tokens, state))
+    ms = 1000 * (time.perf_counter() - t0)
+    return JSONResponse({"id_slot": sid, "filename": filename, "n_restored": n,
+                         "n_read": n_bytes, "timings": {"restore_ms": ms}})  # fmt: skip
+
+
+async def _slot_task(m: Any, sid: int, task: Any) -> Any:
+    """Run a slot task on the engine thread once the slot is idle; its error is a 400."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[Any] = loop.create_future()
+
+    def done(result: Any) -> None:
+        loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(result))
+
+    try:
+        m.scheduler.slot_task(sid, task, done)
+    except LlamacpyError as e:
+        raise bad_request(str(e)) from None
+    result = await fut
+    if isinstance(result, LlamacpyError):
+        raise bad_request(str(result))
+    if isinstance(result, BaseException):
+        raise result
+    if isinstance(result, int) and result < 0:
         raise APIError(503, "the server is shutting down")
-    return JSONResponse({"id_slot": sid, "n_erased": n})
+    return result
 
 
 async def metrics_route(request: Request) -> Response:
