@@ -60,6 +60,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_connections=args.max_connections,
         metrics=args.metrics,
         slot_save_path=_slot_dir(args.slot_save_path),
+        spm_infill=args.spm_infill,
         allowed_hosts=tuple(h.strip() for h in (args.allowed_hosts or "").split(",") if h.strip()),
         reasoning_format=args.reasoning_format,
         reasoning_budget=args.reasoning_budget,

@@ -53,6 +53,7 @@ class ServerConfig:
     timeout_body: float = 30.0
     max_connections: int = 100
     metrics: bool = False
+    spm_infill: bool = False  # /infill puts the suffix first (--spm-infill)
     slot_save_path: str = ""  # directory of slot files ("": save/restore answer 501)
     allowed_hosts: tuple[str, ...] = ()  # () = the loopback names when bound to loopback
     reasoning_format: str = "deepseek"  # default of chat requests' reasoning_format

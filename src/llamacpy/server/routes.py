@@ -18,7 +18,7 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Route
 
 from .. import __version__
-from ..api import openai
+from ..api import infill, openai
 from ..api.serving import (
     CompletionOptions,
     Failure,
@@ -370,10 +370,11 @@ def _prepare(
     return tokens, text
 
 
-async def _completion(request: Request, kind: str) -> Response:
+async def _completion(request: Request, kind: str, data: dict | None = None) -> Response:
     st = _state(request)
     m = st.generator()
-    data = await read_json(request)
+    if data is None:
+        data = await read_json(request)
     creq = parse_completion(data, kind, m.n_vocab)
     if creq.id_slot >= m.n_parallel:
         raise bad_request(f"'id_slot' must be below the number of slots ({m.n_parallel})")
@@ -498,6 +499,45 @@ async def completion(request: Request) -> Response:
     return await _completion(request, "native")
 
 
+async def infill_route(request: Request) -> Response:
+    """``POST /infill``: llama-server's fill-in-the-middle (``input_prefix``,
+    ``input_suffix``, ``input_extra`` files, ``prompt``; see :mod:`llamacpy.api.infill`),
+    then a native completion of that prompt."""
+    st = _state(request)
+    m = st.generator()
+    missing = infill.missing_fim_tokens(m.tokenizer)
+    if missing:
+        raise bad_request("Infill is not supported by this model: its vocabulary has no FIM "
+                          f"{', '.join(missing)} token")  # fmt: skip
+    data = await read_json(request)
+    for key in ("input_prefix", "input_suffix"):
+        if key not in data:
+            raise bad_request(f'"{key}" is required')
+    prompt = data.get("prompt", "")
+    if not isinstance(prompt, str):
+        raise bad_request('"prompt" must be a string')
+
+    def assemble() -> list[int]:
+        tok = m.tokenizer
+        extra = infill.check_extra(data.get("input_extra"))
+        prefix = infill.mixed_tokens(tok, data["input_prefix"], "input_prefix", m.n_vocab)
+        suffix = infill.mixed_tokens(tok, data["input_suffix"], "input_suffix", m.n_vocab)
+        return infill.infill_tokens(
+            tok, prefix, suffix, extra, m.tokenize(prompt, add_special=False),
+            n_batch=m.ctx.params.n_batch, n_predict=st.config.n_predict, n_ctx=m.n_ctx_slot,
+            spm=st.config.spm_infill,
+        )  # fmt: skip
+
+    try:
+        tokens = await run_in_threadpool(assemble)
+    except LlamacpyError as e:
+        raise bad_request(str(e)) from None
+    body = {k: v for k, v in data.items() if k not in ("input_prefix", "input_suffix",
+                                                        "input_extra")}  # fmt: skip
+    body["prompt"] = tokens
+    return await _completion(request, "native", body)
+
+
 async def v1_completions(request: Request) -> Response:
     return await _completion(request, "completion")
 
@@ -579,6 +619,7 @@ ROUTES = [
     Route("/metrics", metrics_route, methods=["GET"]),
     Route("/completion", completion, methods=["POST"]),
     Route("/completions", completion, methods=["POST"]),
+    Route("/infill", infill_route, methods=["POST"]),
     Route("/v1/completions", v1_completions, methods=["POST"]),
     Route("/chat/completions", chat_completions, methods=["POST"]),
     Route("/v1/chat/completions", chat_completions, methods=["POST"]),
