@@ -96,6 +96,20 @@ def test_context_shift_keeps_generating(main, capsys, smollm2_path, reuse_model)
     assert m and int(m.group(1)) == 39
 
 
+SHIFT = json.loads((FIXTURES / "context_shift.json").read_text())
+
+
+@pytest.mark.parametrize("case", SHIFT["cases"], ids=lambda c: f"{c['model']}-keep{c['keep']}")
+def test_context_shift_output_is_llama_completions(main, capsys, request, case):
+    # greedy past a full context: the same tokens kept and discarded, the same keys re-roped
+    path = request.getfixturevalue(case["model"].split("-")[0] + "_path")
+    code, out, err = run(main, capsys, path, "-p", SHIFT["prompt"], "-c", str(SHIFT["n_ctx"]),
+                         "-n", str(SHIFT["n_predict"]), "--temp", "0", "--ignore-eos",
+                         "--context-shift", "--keep", str(case["keep"]))  # fmt: skip
+    assert code == 0, err
+    assert out == case["text"] + "\n"
+
+
 def test_prompt_longer_than_the_context_names_both(main, capsys, smollm2_path, reuse_model):
     code, out, err = run(main, capsys, smollm2_path, "-p", "word " * 40, "-c", "32")
     assert code == 1 and out == ""
