@@ -315,25 +315,29 @@ class KVCache(Memory):
     def check_state(self, state: dict[str, np.ndarray]) -> tuple:
         """The arrays of a :meth:`get_state` snapshot, checked against this cache's layout
         (a ``UsageError`` naming the mismatch; nothing is changed)."""
-        k, v, pos, seq, shift = state_fields(
+        k, v, pos, shift, seq = self._check_cells(state, "KV cache", {"seq": np.uint64})
+        if seq.shape != (len(pos), self.seq.shape[1]):
+            raise UsageError(f"KV cache state: arrays do not match {len(pos)} cells")
+        return k, v, pos, seq, shift
+
+    def _check_cells(self, state: dict[str, np.ndarray], what: str, more: dict) -> list:
+        """``k, v, pos, shift`` and the ``more`` fields of a snapshot of cells: the layout
+        this cache's, at most ``n_ctx`` cells, the row arrays of that many cells."""
+        arrays = state_fields(
             state,
-            "KV cache",
-            {"k": None, "v": None, "pos": np.int32, "seq": np.uint64, "shift": np.int32},
+            what,
+            {"k": None, "v": None, "pos": np.int32, "shift": np.int32, **more},
             self.layout(),
             "the state was saved from a different model or cache type (layout {}, this cache {})",
         )
+        k, v, pos, shift = arrays[:4]
         n = len(pos)
         if n > self.n_ctx:
             raise UsageError(f"the state holds {n} cells but this cache has n_ctx = {self.n_ctx}")
         want = (*self.k.shape[:2], n, self.row_bytes)
-        if (
-            k.shape != want
-            or v.shape != want
-            or seq.shape != (n, self.seq.shape[1])
-            or shift.shape != (n,)
-        ):
+        if k.shape != want or v.shape != want or shift.shape != (n,) or pos.ndim != 1:
             raise UsageError(f"KV cache state: arrays do not match {n} cells of shape {want}")
-        return k, v, pos, seq, shift
+        return arrays
 
     def _load(self, arrays: tuple) -> None:
         k, v, pos, seq, shift = arrays
@@ -368,20 +372,8 @@ class KVCache(Memory):
     def check_seq_state(self, state: dict[str, np.ndarray]) -> tuple:
         """The arrays of a :meth:`get_seq_state` snapshot, checked against this cache (a
         ``UsageError`` naming the mismatch; nothing is changed)."""
-        k, v, pos, shift = state_fields(
-            state,
-            "KV cache sequence",
-            {"k": None, "v": None, "pos": np.int32, "shift": np.int32},
-            self.layout(),
-            "the state was saved from a different model or cache type (layout {}, this cache {})",
-        )
-        n = len(pos)
-        if n > self.n_ctx:
-            raise UsageError(f"the state holds {n} cells but this cache has n_ctx = {self.n_ctx}")
-        want = (*self.k.shape[:2], n, self.row_bytes)
-        if k.shape != want or v.shape != want or shift.shape != (n,) or pos.ndim != 1:
-            raise UsageError(f"KV cache state: arrays do not match {n} cells of shape {want}")
-        if n and (pos.min() < 0 or (np.diff(pos) <= 0).any()):
+        k, v, pos, shift = self._check_cells(state, "KV cache sequence", {})
+        if len(pos) and (pos.min() < 0 or (np.diff(pos) <= 0).any()):
             raise UsageError("KV cache state: positions must be >= 0 and increasing")
         return k, v, pos, shift
 
