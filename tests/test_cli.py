@@ -103,3 +103,14 @@ def test_an_unknown_short_option_is_named_not_split(token, capsys):
         cli.main(["run", "-m", "x", token, "1", "-p", "hi"])
     assert e.value.code == 2
     assert f"unrecognized option '{token}'" in capsys.readouterr().err
+
+
+def test_serve_infill_and_slot_flags(tmp_path, smollm2_path, capsys):
+    from llamacpy import cli
+
+    p = cli.build_parser("serve")
+    args = p.parse_args(["serve", "-m", "x", "--spm-infill", "--slot-save-path", str(tmp_path)])
+    assert args.spm_infill and args.slot_save_path == str(tmp_path)
+    assert not p.parse_args(["serve", "-m", "x"]).spm_infill
+    code = cli.main(["serve", "-m", str(smollm2_path), "--slot-save-path", str(tmp_path / "no")])
+    assert code == 1 and "--slot-save-path" in capsys.readouterr().err

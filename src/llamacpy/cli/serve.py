@@ -165,6 +165,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "forced (-1: no limit, 0: no thinking; default: -1)")  # fmt: skip
     p.add_argument("--reasoning-budget-message", default="",
                    help="text written before the forced end of a reasoning block")  # fmt: skip
+    p.add_argument("--spm-infill", action="store_true",
+                   help="/infill: suffix before prefix (SPM order) instead of prefix first")  # fmt: skip
     p.add_argument(
         "--slot-save-path",
         default="",
