@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from llamacpy.fileio import atomic_write
+
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "engine" / "fidelity.json"
 GGML_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}
@@ -182,9 +184,8 @@ def main() -> int:
         failed += len(bad)
         fixture["models"][name] = [dict(c, **r) for c, r in zip(cases, theirs)]
     if args.write_fixture:
-        tmp = FIXTURE.with_suffix(".tmp")
-        tmp.write_text(json.dumps(fixture, separators=(",", ":")) + "\n")
-        tmp.replace(FIXTURE)
+        with atomic_write(FIXTURE) as f:
+            f.write((json.dumps(fixture, separators=(",", ":")) + "\n").encode())
         print(f"wrote {FIXTURE}")
     return 1 if failed else 0
 

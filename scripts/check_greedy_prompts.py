@@ -23,6 +23,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from llamacpy.fileio import atomic_write
+
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "engine" / "greedy_prompts.json"
 DEFAULT_BIN = "/root/oracle/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin"
@@ -200,9 +202,8 @@ def main() -> int:
         long_rows = [r for r in rows if r["prompt"] not in PROMPTS]
         fixture["models"][name] = rows[:n_short] + long_rows[:1]
     if args.write_fixture:
-        tmp = FIXTURE.with_suffix(".tmp")
-        tmp.write_text(json.dumps(fixture, ensure_ascii=False, indent=1) + "\n")
-        tmp.replace(FIXTURE)
+        with atomic_write(FIXTURE) as f:
+            f.write((json.dumps(fixture, ensure_ascii=False, indent=1) + "\n").encode())
         print(f"wrote {FIXTURE}")
     return 1 if bad else 0
 

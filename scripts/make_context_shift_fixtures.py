@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from llamacpy.fileio import atomic_write
+
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests" / "fixtures" / "generation" / "context_shift.json"
 DEFAULT_BIN = "/root/oracle/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin"
@@ -40,9 +42,8 @@ def main() -> int:
         rows.append({"model": model, "keep": keep, "text": text})
         print(model, keep, repr(text[-60:]))
     data = {"prompt": PROMPT, "n_ctx": N_CTX, "n_predict": N_PREDICT, "cases": rows}
-    tmp = OUT.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
-    tmp.replace(OUT)
+    with atomic_write(OUT) as f:
+        f.write((json.dumps(data, indent=1, ensure_ascii=False) + "\n").encode())
     print(f"wrote {OUT}")
     return 0
 

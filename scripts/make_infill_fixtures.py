@@ -23,6 +23,8 @@ from pathlib import Path
 
 import httpx
 
+from llamacpy.fileio import atomic_write
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 from infill_cases import CASES, FLAGS, fim_model  # noqa: E402
@@ -79,9 +81,8 @@ def main() -> int:
             finally:
                 proc.terminate()
                 proc.wait(30)
-    tmp = OUT.with_suffix(".tmp")
-    tmp.write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n")
-    tmp.replace(OUT)
+    with atomic_write(OUT) as f:
+        f.write((json.dumps(out, indent=1, ensure_ascii=False) + "\n").encode())
     print(f"wrote {OUT}")
     return 0
 

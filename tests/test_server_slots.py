@@ -5,6 +5,7 @@ engine (plain and sliding-window caches)."""
 
 from __future__ import annotations
 
+import httpx
 import numpy as np
 import pytest
 
@@ -15,19 +16,17 @@ from test_server import running
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle:"
 
 
-def _server(path, tmp_path, **cfg):
-    import httpx
-
+def _server(path, **cfg):
     from llamacpy.api.serving import ServingModel
 
     params = ContextParams(n_ctx=1024, n_batch=128, n_ubatch=128, n_threads=1, n_threads_batch=1)
     model = ServingModel.load(str(path), params, n_parallel=2)
     state = ServerState(ServerConfig(**cfg), model, model_name="m")
-    return model, state, httpx
+    return model, state
 
 
-def _complete(http, base, slot):
-    r = http.post(base + "/completion", json={"prompt": PROMPT, "n_predict": 8, "id_slot": slot,
+def _complete(base, slot):
+    r = httpx.post(base + "/completion", json={"prompt": PROMPT, "n_predict": 8, "id_slot": slot,
                                               "temperature": 0}, timeout=120)  # fmt: skip
     assert r.status_code == 200, r.text
     return r.json()
@@ -35,9 +34,9 @@ def _complete(http, base, slot):
 
 @pytest.mark.real_model
 def test_save_then_restore_in_a_new_server_skips_the_prompt(smollm2_path, tmp_path):
-    _, state, httpx = _server(smollm2_path, tmp_path, slot_save_path=str(tmp_path))
+    _, state = _server(smollm2_path, slot_save_path=str(tmp_path))
     with running(state) as base:
-        first = _complete(httpx, base, 0)
+        first = _complete(base, 0)
         n_cached = httpx.get(base + "/slots").json()[0]["n_past"]
         r = httpx.post(base + "/slots/0?action=save", json={"filename": "story.bin"})
         assert r.status_code == 200, r.text
@@ -46,16 +45,16 @@ def test_save_then_restore_in_a_new_server_skips_the_prompt(smollm2_path, tmp_pa
         assert saved["n_saved"] == n_cached > first["tokens_evaluated"]
         assert saved["n_written"] == (tmp_path / "story.bin").stat().st_size
         assert sorted(p.name for p in tmp_path.iterdir()) == ["story.bin"]  # no temp files
-        ref = _complete(httpx, base, 0)  # the same request on the cache as saved
+        ref = _complete(base, 0)  # the same request on the cache as saved
         assert ref["timings"]["cache_n"] == first["tokens_evaluated"] - 1
     # a "restarted" server: a fresh context
-    _, state2, _ = _server(smollm2_path, tmp_path, slot_save_path=str(tmp_path))
+    _, state2 = _server(smollm2_path, slot_save_path=str(tmp_path))
     with running(state2) as base:
         r = httpx.post(base + "/slots/1?action=restore", json={"filename": "story.bin"})
         assert r.status_code == 200, r.text
         assert r.json()["n_restored"] == n_cached and r.json()["id_slot"] == 1
         assert httpx.get(base + "/slots").json()[1]["n_past"] == n_cached
-        again = _complete(httpx, base, 1)
+        again = _complete(base, 1)
         # the whole prompt was in the restored cells: only its last token is decoded again
         assert again["timings"]["cache_n"] == first["tokens_evaluated"] - 1
         assert again["content"] == ref["content"]
@@ -63,10 +62,10 @@ def test_save_then_restore_in_a_new_server_skips_the_prompt(smollm2_path, tmp_pa
 
 @pytest.mark.real_model
 def test_bad_requests_and_files_are_clear_400s(smollm2_path, tmp_path):
-    model, state, httpx = _server(smollm2_path, tmp_path, slot_save_path=str(tmp_path))
+    model, state = _server(smollm2_path, slot_save_path=str(tmp_path))
     (tmp_path / "junk.bin").write_bytes(b"not a zip at all")
     with running(state) as base:
-        _complete(httpx, base, 0)
+        _complete(base, 0)
         ok = httpx.post(base + "/slots/0?action=save", json={"filename": "good.bin"})
         assert ok.status_code == 200
         fp = slot_files.fingerprint(model)
@@ -94,7 +93,7 @@ def test_bad_requests_and_files_are_clear_400s(smollm2_path, tmp_path):
         assert httpx.get(base + "/slots").json()[1]["n_past"] == 0  # nothing half-restored
         r = httpx.post(base + "/slots/1?action=restore", json={"filename": "good.bin"})
         assert r.status_code == 200
-    _, plain, _ = _server(smollm2_path, tmp_path)  # no --slot-save-path
+    _, plain = _server(smollm2_path)  # no --slot-save-path
     with running(plain) as base:
         r = httpx.post(base + "/slots/0?action=save", json={"filename": "good.bin"})
         assert r.status_code == 501 and "--slot-save-path" in r.json()["error"]["message"]

@@ -101,5 +101,4 @@ def infill_tokens(
     first, second = (tail, head) if spm else (head, tail)
     if tok.add_bos:
         first = [tok.bos, *first]
-    taken = extra_tokens[len(extra_tokens) - n_extra :] if n_extra else []
-    return [*taken, *first, *second, mid]
+    return [*extra_tokens[len(extra_tokens) - n_extra :], *first, *second, mid]

@@ -1,12 +1,13 @@
 """``llamacpy run``: complete a prompt, like ``llama-completion -no-cnv``.
 
 The prompt (as its tokens' text, special tokens shown with ``--special``; not with
-``--no-display-prompt``) and then the generated text go to stdout as they are produced, and a
-newline at the end (nothing else goes there); at the end llama.cpp's timing lines (load, prompt eval, eval: ms per token and tokens per second) go to
-stderr. ``-n -1`` generates until an end-of-generation token or a full context; a full
-context ends the run unless ``--context-shift`` is given (then llama.cpp's shift keeps the
-first ``--keep`` prompt tokens and drops half of the rest). The sampler flags are
-llama.cpp's; this module also defines them for ``llamacpy chat``.
+``--no-display-prompt``) and then the generated text go to stdout as they are produced, with
+a newline at the end (nothing else goes there); at the end llama.cpp's timing lines (load,
+prompt eval, eval: ms per token and tokens per second) go to stderr. ``-n -1`` generates
+until an end-of-generation token or a full context; a full context ends the run unless
+``--context-shift`` is given (then llama.cpp's shift keeps the first ``--keep`` prompt tokens
+and drops half of the rest). The sampler flags are llama.cpp's; this module also defines
+them for ``llamacpy chat``.
 """
 
 from __future__ import annotations

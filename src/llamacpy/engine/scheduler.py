@@ -209,7 +209,7 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self._hook = None  # tests: called with each batch before decoding
         # (slot, task, callback): slot tasks (erase, save, restore) waiting for the engine
-        self._erases: list[tuple[int, Any, Any]] = []
+        self._slot_tasks: list[tuple[int, Any, Any]] = []
         self._snapshots = bool(getattr(ctx, "can_snapshot", False))  # prefix checkpoints
         self.spec_cost: Any = None  # the speculators' shared cost model (timed(n, s))
         if speculator is not None and getattr(ctx, "can_rewind", True):
@@ -271,7 +271,7 @@ class Scheduler:
         if not 0 <= slot < len(self.slots):
             raise UsageError(f"Invalid slot ID {slot} (the server has {len(self.slots)} slots)")
         with self._cond:
-            self._erases.append((slot, task, done))
+            self._slot_tasks.append((slot, task, done))
             self._cond.notify()
 
     def erase_slot(self, s: Slot) -> int:
@@ -289,11 +289,7 @@ class Scheduler:
 
         def task(s: Slot) -> int:
             self._reset_slot(s)
-            try:
-                self.ctx.kv.set_seq_state(s.id, state)
-            except Exception:
-                self._reset_slot(s)
-                raise
+            self.ctx.kv.set_seq_state(s.id, state)  # checked first; on error the slot is empty
             if self.ctx.kv.seq_pos_max(s.id) != len(tokens) - 1:
                 self._reset_slot(s)
                 raise UsageError("the slot file's tokens do not match its cached cells")
@@ -306,7 +302,7 @@ class Scheduler:
     def _service(self) -> None:
         """Run the slot tasks whose slots are idle (the others wait)."""
         with self._cond:
-            todo, self._erases = self._erases, []
+            todo, self._slot_tasks = self._slot_tasks, []
         later = []
         for sid, task, done in todo:
             s = self.slots[sid]
@@ -323,7 +319,7 @@ class Scheduler:
                 pass
         if later:
             with self._cond:
-                self._erases[:0] = later
+                self._slot_tasks[:0] = later
 
     @property
     def n_queued(self) -> int:
@@ -381,7 +377,7 @@ class Scheduler:
         while self._queue:
             self._end(self._queue.popleft(), "shutdown")
         with self._cond:
-            todo, self._erases = self._erases, []
+            todo, self._slot_tasks = self._slot_tasks, []
         for _, _, done in todo:  # never left waiting: -1 says the server shut down
             try:
                 done(-1)
@@ -393,7 +389,7 @@ class Scheduler:
         while True:
             with self._cond:
                 while not (self._stopped or self._queue or self._aborts or self.n_processing
-                           or self._erases):  # fmt: skip
+                           or self._slot_tasks):  # fmt: skip
                     self._cond.wait()
                 if self._stopped:
                     break
@@ -414,7 +410,7 @@ class Scheduler:
 
     def step(self) -> bool:
         """One scheduling step; returns False when there was nothing to decode."""
-        if self._erases:
+        if self._slot_tasks:
             self._service()
         self._reap()
         self._admit()

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -23,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import UsageError
+from ..fileio import atomic_write
 
 FORMAT = "llamacpy-slot-1"
 _MARGIN = 1 << 20  # bytes a file may have beyond its arrays' (zip headers, fingerprint)
@@ -72,16 +71,8 @@ def write(path: Path, fp: dict, tokens: list[int], state: dict[str, np.ndarray])
     arrays = {f"m.{k}": np.ascontiguousarray(a) for k, a in state.items()}
     arrays["tokens"] = np.asarray(tokens, np.int32)
     arrays["fingerprint"] = np.frombuffer(json.dumps(fp, sort_keys=True).encode(), np.uint8)
-    fd, tmp = tempfile.mkstemp(prefix=".slot-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_write(path) as f:
+        np.savez(f, **arrays)
     return path.stat().st_size
 
 
