@@ -314,24 +314,26 @@ def _run(args: argparse.Namespace) -> int:
         special=args.special,
     )
     out = sys.stdout
+    # the prompt is shown once it has been read, as llama-completion does (a first run's
+    # kernel compile progress then ends before it instead of breaking into it)
+    pending = ""
     if args.display_prompt:
         shown = b"".join(tok.token_to_piece(t, special=args.special) for t in tokens)
-        output_begins()
-        out.write(shown.decode("utf-8", errors="replace"))
-        out.flush()
+        pending = shown.decode("utf-8", errors="replace")
     gen = session.generate(tokens, chain, config)
     code = 0
     try:
         for step in gen:
-            if step.text:
+            if step.text or pending:
                 output_begins()
-                out.write(step.text)
+                out.write(pending + step.text)
                 out.flush()
+                pending = ""
     except KeyboardInterrupt:
         gen.close()
         code = 130
     output_begins()
-    out.write("\n")
+    out.write(pending + "\n")
     out.flush()
     if gen.stop_cause == "context" and args.n_predict != -2:
         print("\nllamacpy: context full, stopping (use --context-shift to continue)",
