@@ -15,7 +15,7 @@ flash attention on, as ``llama-completion`` runs by default.
 ``--reduced`` runs the matrix the test suite keeps (``tests/test_fidelity.py``);
 ``--write-fixture`` writes llama.cpp's results for it to ``tests/fixtures/engine/fidelity.json``.
 The default is the full matrix: prompt lengths 1-600, ``-ub`` 1, 2, 3, 4, 7, 8, 64, 256, 512,
-``-t`` 1 and 2, an f16 cache, 64 generated tokens on a subset; ``--caches q8_0/q8_0,f16/q8_0``
+``-t`` 1 and 2, an f16 cache, 64 generated tokens on a subset; ``--caches q8_0/q8_0,f32/f16``
 adds cells with other cache types.
 """
 
@@ -79,15 +79,16 @@ def cases_for(model: str, reduced: bool, caches_extra=()) -> list[dict]:
         caches = [("f16", "f16")]
         extra = [(520, 512, 2, "f16", "f16", 16), (40, 8, 1, "f16", "f16", 8),
                  (70, 8, 2, "q8_0", "q8_0", 8), (9, 1, 1, "f16", "q8_0", 8),
-                 (300, 512, 2, "q8_0", "q8_0", 0)]  # fmt: skip
+                 (300, 512, 2, "q8_0", "q8_0", 0), (70, 512, 2, "f32", "f32", 4),
+                 (300, 8, 2, "f32", "f16", 8)]  # fmt: skip
         gen_lengths = {9: 16, 300: 16}
     else:
         lengths = [1, 2, 5, 7, 8, 9, 15, 16, 17, 33, 63, 64, 65, 100, 130, 255, 256, 300, 511,
                    512, 513, 600]  # fmt: skip
         grid = [(ub, t) for ub in (1, 2, 3, 4, 7, 8, 64, 256, 512) for t in (1, 2)]
         caches = [("f16", "f16")]
-        # other cache types with --caches (f32 cannot be asked of llama-cpp-python, which
-        # takes type 0 for "unset"; q8_0 caches are rotated as llama.cpp's)
+        # other cache types with --caches (q8_0 caches are rotated as llama.cpp's; f32
+        # ones are cast to f16 before attention)
         extra = [(n, ub, t, tk, tv, 16) for n in (9, 70, 300) for ub in (1, 8, 512)
                  for t in (1, 2) for tk, tv in caches_extra]  # fmt: skip
         gen_lengths = {9: 64, 100: 64, 513: 64}

@@ -157,8 +157,9 @@ def test_seq_add_shift_keeps_attention_relative(tiny_dir: Path, cache: str) -> N
     ctx.seq_add(0, 0, -1, 5)
     assert ctx.kv.seq_pos_max(0) == 12
     shifted = ctx.decode(Batch.from_tokens([TOKENS[8]], pos0=13))[0]
-    # f16 and q8_0 keys are re-rounded
-    tol = {"f32": 1e-4, "f16": 5e-2, "q8_0": 5e-2}[cache] * np.abs(fresh).max()
+    # f16 and q8_0 keys are re-rounded; f32 ones are read rounded to f16 by attention (as
+    # llama.cpp casts them before flash attention)
+    tol = 5e-2 * np.abs(fresh).max()
     np.testing.assert_allclose(shifted, fresh, rtol=0, atol=tol)
     ctx.seq_add(0, 0, 13, -20)  # positions moved below 0 free their cells
     assert ctx.kv.n_used == 1 and ctx.kv.seq_pos_max(0) == 13

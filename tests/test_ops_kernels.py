@@ -146,6 +146,7 @@ def test_attention_matches_twin(kv_type: int, mode: int, sinks: bool) -> None:
                     n,
                     n_kv,
                     *args,
+                    kv_type,
                     rb,
                     q,
                     *kv,

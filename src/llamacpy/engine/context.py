@@ -223,7 +223,9 @@ class Context:
         choice; a deterministic context attends every row alone, cells in position order)."""
         if self.params.deterministic:
             return MODE_ROWS
-        same = self.kv.type_k == self.kv.type_v and self.kv.type_k in (0, 1)
+        # (an f32 cache is attended as f16: llama.cpp casts it before flash attention)
+        k16, v16 = (1 if t == 0 else t for t in (self.kv.type_k, self.kv.type_v))
+        same = k16 == v16 == 1
         if n >= _TILED_MIN_TOKENS and same:
             return MODE_TILED
         if n == 1 and n_kv >= _SPLIT_MIN_KV and same:

@@ -57,6 +57,7 @@ def attention(n_threads, n, n_head, hd, scale, Q, K, V, mask, ATT, kc, vc, TS):
                            kc, vc, 0, hstride, mask, _NO_ORDER, ATT, qv[i], qq[i], vbuf[i],
                            res[i], _NO_SINKS)  # fmt: skip
         else:
-            attention_tiled(i, n_threads, n, n, n_head, 1, hd, scale, KV_F16, rowb, Q, kc, vc,
+            attention_tiled(i, n_threads, n, n, n_head, 1, hd, scale, KV_F16, KV_F16, rowb, Q,
+                            kc, vc,
                             0, hstride, mask, ATT, kt[i], vt[i], pt[i], st[i],
                             _NO_SINKS)  # fmt: skip

@@ -955,6 +955,7 @@ def _attention(c, kv, lbase, gqa, sinks):
         )  # fmt: skip
     else:
         attention_tiled(
-            tid, nth, c.n_tok, kv.n_kv, M.n_head, gqa, hd, kq, c.k_type, c.rowb, c.Q, kv.KC,
-            kv.VC, lbase, kv.hstride, kv.mask, c.ATT, kt[tid], vt[tid], pt[tid], st[tid], sinks,
+            tid, nth, c.n_tok, kv.n_kv, M.n_head, gqa, hd, kq, c.k_type, c.v_type, c.rowb, c.Q,
+            kv.KC, kv.VC, lbase, kv.hstride, kv.mask, c.ATT, kt[tid], vt[tid], pt[tid], st[tid],
+            sinks,
         )  # fmt: skip

@@ -13,6 +13,11 @@ flash_attn_ext_f16``:
 * ``attend_tiled`` (ubatches of 64 tokens and more, f16/f32 cache): float32 throughout, cells
   in tiles of 64 with the softmax state updated per tile.
 
+An f32 cache is attended as llama.cpp attends it: its K and V are cast to f16 before flash
+attention (``build_attn_mha``), so every f32 row is read rounded to f16 and the f16 numerics
+apply (query rounded to f16, f16 V accumulator). The rows themselves stay f32 (the K-shift
+and state files see full precision).
+
 A quantized cache stores its heads rotated (llama.cpp's attention rotation): q and k by a
 Walsh-Hadamard transform of :func:`k_rotation` elements, v by one of :func:`v_rotation`
 elements and the attention output back by the same (the transform is its own inverse); the
@@ -162,17 +167,18 @@ def _dot_f16(qv, kc, ko, hd):
 
 @njit(cache=True, inline="always")
 def _dot_f32(qv, kc, ko, hd):
-    """ggml_vec_dot_f32, same lane structure as the f16 one."""
+    """:func:`_dot_f16` over an f32 row read rounded to f16 (the cast before flash
+    attention)."""
     n64 = hd - hd % 64
     s0 = s1 = s2 = s3 = vzero_f32()
     for i in range(0, n64, 64):
-        s0 = vfma(vload_f32(qv, i), vload_f32(kc, ko + 4 * i), s0)
-        s1 = vfma(vload_f32(qv, i + 16), vload_f32(kc, ko + 4 * i + 64), s1)
-        s2 = vfma(vload_f32(qv, i + 32), vload_f32(kc, ko + 4 * i + 128), s2)
-        s3 = vfma(vload_f32(qv, i + 48), vload_f32(kc, ko + 4 * i + 192), s3)
+        s0 = vfma(vload_f32(qv, i), vround_f16(vload_f32(kc, ko + 4 * i)), s0)
+        s1 = vfma(vload_f32(qv, i + 16), vround_f16(vload_f32(kc, ko + 4 * i + 64)), s1)
+        s2 = vfma(vload_f32(qv, i + 32), vround_f16(vload_f32(kc, ko + 4 * i + 128)), s2)
+        s3 = vfma(vload_f32(qv, i + 48), vround_f16(vload_f32(kc, ko + 4 * i + 192)), s3)
     acc = np.float64(vhsum((s0 + s2) + (s1 + s3))) if n64 > 0 else 0.0
     for i in range(n64, hd):
-        acc += np.float64(qv[i] * load_f32(kc, ko + 4 * i))
+        acc += np.float64(qv[i] * round_f16(load_f32(kc, ko + 4 * i)))
     return _F32(acc)
 
 
@@ -218,13 +224,11 @@ def _dot_q8(qv, qq, kc, ko, hd):
 
 @njit(cache=True)
 def prepare_query(q, qo, hd, k_type, qv, qq):
-    """Convert a query row to the K dot type: f16-rounded (f16 K), as is (f32), or q8_0."""
-    if k_type == KV_F16:
+    """Convert a query row to the K dot type: f16-rounded (f16 K, and f32 K read as f16)
+    or q8_0."""
+    if k_type != KV_Q8_0:  # f16, or f32 read as f16
         for i in range(0, hd, 16):
             vstore_f32(qv, i, vround_f16(vload_f32(q, qo + i)))
-    elif k_type == KV_F32:
-        for i in range(0, hd, 16):
-            vstore_f32(qv, i, vload_f32(q, qo + i))
     else:
         for b in range(hd // 32):
             amax = _F32(0.0)
@@ -271,7 +275,7 @@ def attend_row(
             m = s
             for i in range(0, hd, 16):
                 r = vload_f32(res, i) * vsplat_f32(ms)
-                if v_type == KV_F16:
+                if v_type != KV_Q8_0:  # an f16 accumulator
                     r = vround_f16(r)
                 vstore_f32(res, i, r)
         else:
@@ -279,6 +283,11 @@ def attend_row(
         if v_type == KV_F16:
             for i in range(0, hd, 16):
                 r = vfma(vload_f16(vc, vco + 2 * i), vsplat_f32(vs), vload_f32(res, i))
+                vstore_f32(res, i, vround_f16(r))
+        elif v_type == KV_F32:
+            for i in range(0, hd, 16):
+                v = vround_f16(vload_f32(vc, vco + 4 * i))
+                r = vfma(v, vsplat_f32(vs), vload_f32(res, i))
                 vstore_f32(res, i, vround_f16(r))
         else:
             load_row(vc, vco, hd, v_type, vbuf)
@@ -337,15 +346,19 @@ def add_sink(sinks, h, m, s_sum, res, hd):
 
 # ----------------------------------------------------------------------------- tiled
 @njit(cache=True)
-def load_tile(kc, vc, ko, vo, cstride, kv_type, hd, c0, n, kt, vt):
+def load_tile(kc, vc, ko, vo, cstride, k_type, v_type, hd, c0, n, kt, vt):
     """Cells ``c0..c0+n`` of one head as float32: ``kt[d, c]`` (transposed) and ``vt[c, d]``;
-    cells past ``n`` are zero."""
+    cells past ``n`` are zero. f32 rows are read rounded to f16 (see the module notes)."""
+    k16, v16 = k_type == KV_F32, v_type == KV_F32
     for c in range(TILE):
         if c < n:
-            load_row(kc, ko + (c0 + c) * cstride, hd, kv_type, vt[c])
+            load_row(kc, ko + (c0 + c) * cstride, hd, k_type, vt[c])
             for d in range(hd):
-                kt[d, c] = vt[c, d]
-            load_row(vc, vo + (c0 + c) * cstride, hd, kv_type, vt[c])
+                kt[d, c] = round_f16(vt[c, d]) if k16 else vt[c, d]
+            load_row(vc, vo + (c0 + c) * cstride, hd, v_type, vt[c])
+            if v16:
+                for i in range(0, hd, 16):
+                    vstore_f32(vt[c], i, vround_f16(vload_f32(vt[c], i)))
         else:
             for d in range(hd):
                 kt[d, c] = 0
@@ -653,7 +666,8 @@ def attention_tiled(
     gqa,
     hd,
     scale,
-    kv_type,
+    k_type,
+    v_type,
     rowb,
     Q,
     kc,
@@ -692,7 +706,7 @@ def attention_tiled(
                 n = min(TILE, n_kv - c0)
                 if not _tile_visible(mask, q0, q1, c0, n):
                     continue
-                load_tile(kc, vc, ho, ho, rowb, kv_type, hd, c0, n, kt, vt)
+                load_tile(kc, vc, ho, ho, rowb, k_type, v_type, hd, c0, n, kt, vt)
                 for g in range(g0, g1):
                     h = hk * gqa + g
                     t = q0

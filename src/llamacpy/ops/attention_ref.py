@@ -91,6 +91,10 @@ def attention_numpy(q, keys, vals, mask, k_type, v_type, mode, n_threads, scale,
     ``n_threads`` chunks; ``sinks``: per-head attention sinks (None: none)."""
     n, nh, d = q.shape
     g = nh // keys.shape[0]
+    if k_type == KV_F32:  # an f32 cache is cast to f16 before flash attention
+        keys, k_type = keys.astype(np.float16).astype(_F32), KV_F16
+    if v_type == KV_F32:
+        vals, v_type = vals.astype(np.float16).astype(_F32), KV_F16
     out = np.zeros((n, nh, d), _F32)
     if mode == MODE_TILED:
         for t in range(n):
@@ -101,8 +105,6 @@ def attention_numpy(q, keys, vals, mask, k_type, v_type, mode, n_threads, scale,
         return out
     if k_type == KV_F16:
         qd = q.astype(np.float16).astype(_F32)
-    elif k_type == KV_F32:
-        qd = q
     else:  # the query quantized to q8_0 (ggml's K dot type for a q8_0 cache)
         b = q.astype(_F32).reshape(*q.shape[:-1], -1, 32)
         amax = np.abs(b).max(-1, keepdims=True)
