@@ -50,6 +50,7 @@ from .generation import (
 )
 from .grammar import LlamaGrammar, grammar_matcher, grammar_sampler, response_format_schema
 from .model import LoadedModel, ModelInfo, load_model, metadata_strings
+from .rerank import RERANK_TEMPLATE_KEY, rerank_tokens
 from .state import LlamaState, load_session, save_session
 from .tool_calls import (
     THINK_START,
@@ -659,6 +660,34 @@ class Llama:
         inputs = input if isinstance(input, list) else [input]
         embeds, total = self.embed(inputs, return_count=True)
         return openai.embedding_response(embeds, name, total)
+
+    def rerank(self, query: str, documents: Sequence[str], return_count: bool = False) -> Any:
+        """Relevance scores of ``documents`` for ``query`` with a reranker (a model with a
+        classifier head, created with ``embedding=True``): each pair's prompt as
+        llama-server builds it (:mod:`.rerank`), scored alone; the first output of the
+        head. Returns the scores (and the total token count with ``return_count``)."""
+        if not self._embedding:
+            raise UsageError("Llama model must be created with embedding=True to call this method")
+        if not isinstance(query, str):
+            raise UsageError(f"rerank: the query must be a string, not {type(query).__name__}")
+        docs = list(documents)
+        if not all(isinstance(d, str) for d in docs):
+            raise UsageError("rerank: documents must be strings")
+        ctx = self._ctx()
+        ctx.rank_head()  # a clear error for a model that cannot rank, before any work
+        template = self._info.metadata.get(RERANK_TEMPLATE_KEY)
+        pairs = [rerank_tokens(self._tokenizer, template, query, d) for d in docs]
+        for ids in pairs:
+            if len(ids) > self.n_batch:
+                raise ContextOverflowError(
+                    f"a query and document of {len(ids)} tokens exceed the batch size of "
+                    f"{self.n_batch}: raise n_batch"
+                )
+        try:
+            scores = [float(ctx.embed(ids, "rank")[0]) for ids in pairs]
+        finally:
+            self.session.reset()
+        return (scores, sum(map(len, pairs))) if return_count else scores
 
     # ------------------------------------------------------------------ state
     def save_state(self) -> LlamaState:

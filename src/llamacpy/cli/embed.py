@@ -2,7 +2,10 @@
 
 * ``-p TEXT`` (escapes processed; several prompts separated by ``--embd-separator``, a newline
   by default) or ``-f FILE``; each prompt is tokenized with special tokens parsed and added.
-* ``--pooling none|mean|cls|last`` (default: the model's ``{arch}.pooling_type``);
+* ``--pooling none|mean|cls|last|rank`` (default: the model's ``{arch}.pooling_type``);
+  with ``rank`` (a reranker) each prompt is ``query<TAB>document`` (``--cls-separator``),
+  joined as llama-embedding joins it (the EOS and SEP texts the vocabulary adds, or the
+  file's rerank template), and the output is ``rerank score i: s`` lines (raw scores);
   ``--embd-normalize N``: -1 none, 0 max-abs (int16 range), 1 taxicab, 2 euclidean (default),
   N > 2 p-norm.
 * Output: by default ``embedding i: v v v ...`` lines (``%9.6f``; the whole vector for one
@@ -42,6 +45,22 @@ def _prompts(args: argparse.Namespace) -> list[str]:
     return text.split(sep) if sep else [text]
 
 
+def _rank_prompt(prompt: str, sep: str, tok, template: str | None) -> str:
+    """A ``query<sep>document`` prompt as llama-embedding joins it for rank pooling."""
+    if sep not in prompt:
+        return prompt
+    parts = prompt.split(sep)
+    if template is not None:
+        return template.replace("{query}", parts[0]).replace("{document}", parts[1])
+    v = tok.vocab
+    glue = ""
+    if v.add_eos and v.id("eos") >= 0:
+        glue += tok.token_to_piece(v.id("eos"), True).decode("utf-8", "replace")
+    if v.add_sep and v.id("sep") >= 0:
+        glue += tok.token_to_piece(v.id("sep"), True).decode("utf-8", "replace")
+    return glue.join(parts)
+
+
 def _fmt(v: float, norm: int, width: bool) -> str:
     if norm == 0:
         return f"{v:6.0f}" if width else f"{v:1.0f}"
@@ -73,8 +92,17 @@ def _run(args: argparse.Namespace) -> int:
     note = per_token_note(params.pooling_type, getattr(ctx.model, "pooling_type", None))
     if note:
         print(f"llamacpy embed: note: {note}", file=sys.stderr)
+    template = None
+    if pooling == "rank":
+        from ..api.model import ModelInfo
+        from ..api.rerank import RERANK_TEMPLATE_KEY
+
+        ctx.rank_head()  # a clear error for a model without a classifier head
+        template = ModelInfo.read(path)[0].metadata.get(RERANK_TEMPLATE_KEY)
     rows: list[np.ndarray] = []
     for p in prompts:
+        if pooling == "rank":
+            p = _rank_prompt(p, args.cls_separator, tok, template)
         ids = tok.encode(p.encode("utf-8"), add_special=True, parse_special=True)
         if len(ids) > ctx.n_batch:
             raise UsageError(
@@ -83,6 +111,9 @@ def _run(args: argparse.Namespace) -> int:
             )
         if not ids:
             raise UsageError(f"prompt {p!r} has no tokens")
+        if pooling == "rank":
+            rows.append(ctx.embed(ids, "rank"))
+            continue
         ctx.kv.clear()
         h = ctx.encode(Batch.from_tokens(ids, logits="none"))
         ctx.kv.clear()
@@ -95,7 +126,13 @@ def _run(args: argparse.Namespace) -> int:
     emb = np.array(rows, np.float32)
     out = sys.stdout
     fmt = args.embd_output_format
-    if fmt is None:
+    if pooling == "rank" and fmt is None:
+        labels = ctx.rank_head().labels
+        for j, row in enumerate(emb):
+            for i, v in enumerate(row):
+                tag = "" if len(row) == 1 else f" [{labels[i] if i < len(labels) else i}]"
+                out.write(f"rerank score {j}: {v:8.3f}{tag}\n")
+    elif fmt is None:
         _print_plain(out, emb, prompts, pooling, norm, cosine)
     else:
         _print_json(out, emb, fmt, norm, len(prompts), cosine)
@@ -151,8 +188,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-f", "--file", help="read the prompts from FILE")
     p.add_argument(
         "--pooling",
-        choices=("none", "mean", "cls", "last"),
-        help="pooling type (default: the model's)",
+        choices=("none", "mean", "cls", "last", "rank"),
+        help="pooling type (default: the model's; rank: a reranker's scores)",
+    )
+    p.add_argument(
+        "--cls-separator",
+        default="\t",
+        help="with rank pooling: the separator of a prompt's query and document (default: tab)",
     )
     p.add_argument(
         "--embd-normalize",

@@ -70,12 +70,15 @@ def _serve(args: argparse.Namespace) -> int:
     n_ctx = args.ctx_size or 4096 * args.parallel
 
     def load() -> tuple[Any, Any]:
-        if args.embedding:
+        if args.embedding or args.reranking:
             from ..api import Llama
 
+            pooling = "rank" if args.reranking else args.pooling
             llm = Llama(str(model_path), embedding=True, n_ctx=n_ctx, n_batch=args.batch_size,
                         n_ubatch=args.ubatch_size, n_threads=args.threads or None,
-                        pooling_type=args.pooling, verbose=False)  # fmt: skip
+                        pooling_type=pooling, verbose=False)  # fmt: skip
+            if pooling == "rank":
+                llm._ctx().rank_head()  # a model without a classifier head: a load error
             return None, llm
         from ..api.serving import ServingModel
 
@@ -152,8 +155,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--embedding", "--embeddings", action="store_true",
                    help="serve embeddings only (/v1/embeddings, /embedding)")  # fmt: skip
     p.add_argument("--pooling", default="unspecified",
-                   choices=["unspecified", "none", "mean", "cls", "last"],
+                   choices=["unspecified", "none", "mean", "cls", "last", "rank"],
                    help="embedding pooling (default: the model's)")  # fmt: skip
+    p.add_argument("--reranking", "--rerank", action="store_true",
+                   help="serve a reranker (/rerank, /v1/rerank): --embedding --pooling rank")  # fmt: skip
     p.add_argument("--chat-template", default=None,
                    help="'chatml', a template name stored in the model, or a Jinja template")  # fmt: skip
     p.add_argument("--reasoning-format", default="deepseek",

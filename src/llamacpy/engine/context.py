@@ -341,15 +341,31 @@ class Context:
 
     def embed(self, tokens, pooling: str | None = None) -> np.ndarray:
         """Embedding of one token sequence: pooled ``[n_embd]``, or ``[n_tokens, n_embd]``
-        with pooling ``none`` (no normalization; see :mod:`.embeddings`). Uses sequence 0
-        from an empty cache and leaves the cache empty."""
+        with pooling ``none`` (no normalization; see :mod:`.embeddings`); with pooling
+        ``rank`` the reranker's scores ``[n_cls_out]`` (see :mod:`..models.rank_head`). Uses
+        sequence 0 from an empty cache and leaves the cache empty."""
         name = self.pooling_type if pooling is None else resolve_pooling(pooling, None)
         tokens = [int(t) for t in tokens]
         if not tokens:
             raise UsageError("cannot embed an empty token sequence")
+        head = self.rank_head() if name == "rank" else None
         self.kv.clear()
         try:
             h = self.encode(Batch.from_tokens(tokens, logits="none"))
         finally:
             self.kv.clear()
+        if head is not None:  # the pair's CLS token (a causal reranker: its last token)
+            causal = getattr(self.model, "causal", True)
+            return head(pool(h, np.arange(len(tokens)), "last" if causal else "cls"))
         return pool(h, np.arange(len(tokens)), name)
+
+    def rank_head(self):
+        """The model's classifier head for rank pooling; a :class:`UsageError` if it has
+        none."""
+        head = getattr(self.model, "rank_head", None)
+        if head is None:
+            raise UsageError(
+                f"rank pooling needs a reranker: this {self.model.hparams.arch} model has no "
+                "classifier head (tensor 'cls.output.weight' or 'cls.weight')"
+            )
+        return head

@@ -3,7 +3,8 @@
 Pooling (``llama_pooling_type``; from ``{arch}.pooling_type`` or a context override) turns
 the per-token hidden states of a sequence into one vector: ``mean`` of the tokens, ``cls``
 the token at the lowest position, ``last`` the token at the highest position; ``none``
-keeps every token. Normalization is ``common_embd_normalize(..., embd_norm)``: ``-1`` none,
+keeps every token; ``rank`` scores a (query, document) pair with a reranker's classifier
+head (:meth:`.context.Context.embed`). Normalization is ``common_embd_normalize(..., embd_norm)``: ``-1`` none,
 ``0`` max-absolute scaled to the int16 range (``x / (max|x| / 32760)``), ``1`` taxicab,
 ``2`` euclidean (the default), ``p > 2`` the p-norm; sums are accumulated in double.
 """
@@ -26,7 +27,7 @@ POOLING_TYPES: dict[str, int] = {
     "rank": 4,
 }
 POOLING_NAMES = {v: k for k, v in POOLING_TYPES.items()}
-SUPPORTED_POOLING = ("none", "mean", "cls", "last")
+SUPPORTED_POOLING = ("none", "mean", "cls", "last", "rank")
 
 
 def pooling_name(value: str | int | None) -> str:
@@ -95,6 +96,8 @@ def pool(hidden: np.ndarray, pos: Sequence[int] | np.ndarray, pooling: str) -> n
     if pooling == "last":
         top = np.flatnonzero(pos == pos.max())
         return hidden[int(top[-1])].copy()  # last row at the highest position
+    if pooling == "rank":
+        raise UsageError("rank pooling scores with the model's classifier: Context.embed")
     raise UsageError(f"unknown pooling type {pooling!r}; choose one of {SUPPORTED_POOLING}")
 
 

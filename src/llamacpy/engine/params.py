@@ -57,10 +57,10 @@ class ContextParams:
         from ..models.backend import backend
 
         backend(self.backend)  # a UsageError naming the available backends
-        if self.pooling_type not in ("unspecified", "none", "mean", "cls", "last"):
+        if self.pooling_type not in ("unspecified", "none", "mean", "cls", "last", "rank"):
             raise UsageError(
                 f"unknown pooling type {self.pooling_type!r}; "
-                "choose one of none, mean, cls, last (or unspecified)"
+                "choose one of none, mean, cls, last, rank (or unspecified)"
             )
         if self.threading_layer not in THREADING_LAYERS:
             raise UsageError(

@@ -28,6 +28,7 @@ from ..quants import dequantize
 from . import bert_kernel
 from .backend import CPU, Backend, backend
 from .common import RopeOverrides
+from .rank_head import RankHead, load_rank_head
 from .weights import Matrix, TensorSource, Vector, WeightStore
 
 _F32 = np.float32
@@ -123,6 +124,7 @@ class BertModel:
         self.type_embd = type_embd  # float32 [n_token_types, n_embd] or None
         self.tok_norm = tok_norm
         self.blk = blk
+        self.rank_head: RankHead | None = None  # a reranker's classifier (rank pooling)
         # a rope the engine's cache shifts can be given (unused: no positions are rotated)
         d = hparams.n_embd_head_k
         self.rope = RopeParams(n_rot=d, n_ctx_orig=hparams.n_ctx_train)
@@ -170,6 +172,7 @@ class BertModel:
         blk = [_block(store, t, f"blk.{i}.", n_embd, hp.n_ff) for i in range(hp.n_layer)]
         be.place_weights(store, source)
         model = cls(hp, eps, pooling, store, token_embd, pos_embd, type_embd, tok_norm, blk)
+        model.rank_head = load_rank_head(mf, source, "bert", n_embd)
         model.backend = be
         return model
 

@@ -19,6 +19,7 @@ from starlette.routing import Route
 
 from .. import __version__
 from ..api import infill, openai
+from ..api.rerank import parse_rerank_request, rerank_response
 from ..api.serving import (
     CompletionOptions,
     Failure,
@@ -36,6 +37,7 @@ from ..api.tool_calls import (
     parse_tools,
     plan_chat,
 )
+from ..engine.embeddings import POOLING_TYPES
 from ..errors import LlamacpyError
 from . import accesslog, metrics, slot_files, webui
 from .app import ServerState
@@ -606,6 +608,36 @@ async def v1_embeddings(request: Request) -> Response:
     return await _embed(request, True)
 
 
+# ---------------------------------------------------------------------- reranking
+async def rerank(request: Request) -> Response:
+    """``/rerank`` (also ``/reranking``, ``/v1/rerank``, ``/v1/reranking``) as llama-server:
+    scores of ``documents`` (or TEI's ``texts``) for ``query`` by :meth:`llamacpy.api.Llama.
+    rerank`, in the response shapes of :mod:`llamacpy.api.rerank`."""
+    st = _state(request)
+    st.ready()
+    if st.embedder is None or st.embedder.pooling_type() != POOLING_TYPES["rank"]:
+        raise APIError(501, "This server does not support reranking. Start it with "
+                       "`--reranking`")  # fmt: skip
+    data = await read_json(request)
+    try:
+        query, docs, top_n, tei, ret = parse_rerank_request(data)
+    except LlamacpyError as e:
+        raise bad_request(str(e)) from None
+    if len(docs) > 1024:
+        raise bad_request("at most 1024 documents per request")
+
+    def run() -> Any:
+        with st.embed_lock:
+            return st.embedder.rerank(query, docs, return_count=True)
+
+    try:
+        scores, n_tokens = await run_in_threadpool(run)
+    except (LlamacpyError, ValueError) as e:
+        raise bad_request(str(e)) from None
+    name = data.get("model") if isinstance(data.get("model"), str) else st.model_name
+    return JSONResponse(rerank_response(name, scores, [n_tokens], docs, top_n, tei, ret))
+
+
 ROUTES = [
     Route("/", index, methods=["GET"]),
     Route("/health", health, methods=["GET"]),
@@ -629,4 +661,8 @@ ROUTES = [
     Route("/embedding", embedding, methods=["POST"]),
     Route("/embeddings", embedding, methods=["POST"]),
     Route("/v1/embeddings", v1_embeddings, methods=["POST"]),
+    Route("/rerank", rerank, methods=["POST"]),
+    Route("/reranking", rerank, methods=["POST"]),
+    Route("/v1/rerank", rerank, methods=["POST"]),
+    Route("/v1/reranking", rerank, methods=["POST"]),
 ]
