@@ -23,6 +23,7 @@ from ..errors import UsageError
 from ..gguf import GGUFModelFile
 from ..models import load_model
 from ..models.common import UBatchArrays
+from ..ops.attention import KV_F16, KV_F32
 from ..ops.norm import rms_norm_numpy
 from .batch import Batch, UBatch, check_batch, split_batch
 from .embeddings import pool, resolve_pooling
@@ -223,9 +224,9 @@ class Context:
         choice; a deterministic context attends every row alone, cells in position order)."""
         if self.params.deterministic:
             return MODE_ROWS
-        # (an f32 cache is attended as f16: llama.cpp casts it before flash attention)
-        k16, v16 = (1 if t == 0 else t for t in (self.kv.type_k, self.kv.type_v))
-        same = k16 == v16 == 1
+        # f16 K and V (an f32 cache is attended as f16: llama.cpp casts it before flash
+        # attention)
+        same = {self.kv.type_k, self.kv.type_v} <= {KV_F16, KV_F32}
         if n >= _TILED_MIN_TOKENS and same:
             return MODE_TILED
         if n == 1 and n_kv >= _SPLIT_MIN_KV and same:
