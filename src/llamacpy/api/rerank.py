@@ -24,10 +24,15 @@ from ..errors import UsageError
 RERANK_TEMPLATE_KEY = "tokenizer.chat_template.rerank"
 
 
+def fill_rerank_template(template: str, query: str, document: str) -> str:
+    """A file's rerank template with ``{query}`` and ``{document}`` replaced."""
+    return template.replace("{query}", query).replace("{document}", document)
+
+
 def rerank_tokens(tokenizer: Any, template: str | None, query: str, document: str) -> list[int]:
     """The token ids of one (query, document) pair (see the module notes)."""
     if template is not None:
-        prompt = template.replace("{query}", query).replace("{document}", document)
+        prompt = fill_rerank_template(template, query, document)
         return tokenizer.encode(prompt, add_special=False, parse_special=True)
     v = tokenizer.vocab
     q = tokenizer.encode(query, add_special=False, parse_special=False)

@@ -51,7 +51,9 @@ def _rank_prompt(prompt: str, sep: str, tok, template: str | None) -> str:
         return prompt
     parts = prompt.split(sep)
     if template is not None:
-        return template.replace("{query}", parts[0]).replace("{document}", parts[1])
+        from ..api.rerank import fill_rerank_template
+
+        return fill_rerank_template(template, parts[0], parts[1])
     v = tok.vocab
     glue = ""
     if v.add_eos and v.id("eos") >= 0:

@@ -4,9 +4,10 @@ Pooling (``llama_pooling_type``; from ``{arch}.pooling_type`` or a context overr
 the per-token hidden states of a sequence into one vector: ``mean`` of the tokens, ``cls``
 the token at the lowest position, ``last`` the token at the highest position; ``none``
 keeps every token; ``rank`` scores a (query, document) pair with a reranker's classifier
-head (:meth:`.context.Context.embed`). Normalization is ``common_embd_normalize(..., embd_norm)``: ``-1`` none,
-``0`` max-absolute scaled to the int16 range (``x / (max|x| / 32760)``), ``1`` taxicab,
-``2`` euclidean (the default), ``p > 2`` the p-norm; sums are accumulated in double.
+head (:meth:`.context.Context.embed`). Normalization is ``common_embd_normalize(...,
+embd_norm)``: ``-1`` none, ``0`` max-absolute scaled to the int16 range (``x / (max|x| /
+32760)``), ``1`` taxicab, ``2`` euclidean (the default), ``p > 2`` the p-norm; sums are
+accumulated in double.
 """
 
 from __future__ import annotations
