@@ -18,6 +18,7 @@ LAYERS = {
     "registry": 0,
     "kernel_cache": 0,
     "kernel_progress": 0,
+    "kernel_warm": 0,
     "simd": 0,
     "quants": 1,
     "ops": 2,

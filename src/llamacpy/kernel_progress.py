@@ -248,11 +248,18 @@ def show_compile_progress(
     command: str, stream: TextIO | None = None, *, interactive: bool | None = None
 ) -> CompileProgress:
     """Report kernel compilation on ``stream`` (default: stderr) for the rest of the
-    process, with the totals expected for ``command`` (a key of :data:`MANIFEST`; others
-    report a count without a total). Idempotent: a second call returns the listener already installed."""
+        process, with the totals expected for ``command`` (a key of :data:`MANIFEST`; others
+        report a count without a total). On a cold cache it also starts the compile helper
+    (:mod:`.kernel_warm`), whose kernels leave the totals. Idempotent: a second call returns
+    the listener already installed."""
     global _active
     if _active is None:
-        _active = CompileProgress(stream, MANIFEST.get(command, {}), interactive=interactive)
+        from .kernel_warm import start
+
+        expected = dict(MANIFEST.get(command, {}))
+        for kid in start(command):  # compiled by the helper process (see kernel_warm)
+            expected.pop(kid, None)
+        _active = CompileProgress(stream, expected, interactive=interactive)
         event.register("numba:compile", _active)
     return _active
 
