@@ -248,10 +248,10 @@ def show_compile_progress(
     command: str, stream: TextIO | None = None, *, interactive: bool | None = None
 ) -> CompileProgress:
     """Report kernel compilation on ``stream`` (default: stderr) for the rest of the
-        process, with the totals expected for ``command`` (a key of :data:`MANIFEST`; others
-        report a count without a total). On a cold cache it also starts the compile helper
-    (:mod:`.kernel_warm`), whose kernels leave the totals. Idempotent: a second call returns
-    the listener already installed."""
+    process, with the totals expected for ``command`` (a key of :data:`MANIFEST`; others
+    report a count without a total). On a cold cache it also starts the compile helper
+    (:mod:`.kernel_warm`), whose kernels leave the totals. Idempotent: a second call
+    returns the listener already installed."""
     global _active
     if _active is None:
         from .kernel_warm import start
