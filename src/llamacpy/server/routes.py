@@ -344,7 +344,7 @@ def _prepare(
         text = _render(m, creq, plan)
         tokens = m.tokenize(text)
         if plan is not None:
-            plan.think_open = text.rstrip().endswith(THINK_START)
+            plan.read_prompt(text)
             try:
                 plan.build_grammar()
             except LlamacpyError as e:
