@@ -67,6 +67,10 @@ EXPECTED = {
     "meetkai-functionary-medium-v3.2.jinja": "functionary-v3.2",
     "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja": "command-r7b",
     "Cohere2MoE.jinja": "cohere2moe",
+    "Kimi-K2-Instruct.jinja": "kimi-k2",
+    "MiniMax-M2.jinja": "minimax-m2",
+    "Kimi-K2-Thinking.jinja": "kimi-k2",
+    "moonshotai-Kimi-K2.jinja": "kimi-k2",
     "ByteDance-Seed-OSS.jinja": "generic",
     "MiniMax-M3.jinja": "generic",
     "google-gemma-2-2b-it.jinja": "generic",
@@ -105,6 +109,13 @@ CALLS = {
     "command-r7b": '<|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "get_weather", '
                    '"parameters": {"city": "Paris"}},\n    {"tool_call_id": "1", "tool_name": '
                    '"add", "parameters": {"a": 2, "b": 3}}\n]<|END_ACTION|>',
+    "kimi-k2": "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+               '<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|><|tool_call_begin|>'
+               'functions.add:1<|tool_call_argument_begin|>{"a": 2, "b": 3}<|tool_call_end|>'
+               "<|tool_calls_section_end|>",
+    "minimax-m2": '<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Paris'
+                  '</parameter>\n</invoke>\n<invoke name="add">\n<parameter name="a">2</parameter>'
+                  '\n<parameter name="b">3</parameter>\n</invoke>\n</minimax:tool_call>',
 }  # fmt: skip
 WANT = [("get_weather", {"city": "Paris"}), ("add", {"a": 2, "b": 3})]
 SOURCES = {"hermes": "<tool_call>", "qwen3-coder": "<tool_call><function=<parameter=",
@@ -114,7 +125,9 @@ SOURCES = {"hermes": "<tool_call>", "qwen3-coder": "<tool_call><function=<parame
            "granite": "<|tool_call|>", "glm": "<tool_call><arg_key>",
            "functionary-v3.1": "<function=</function>",
            "functionary-v3.2": ">>>all >>>${recipient}",
-           "command-r7b": "<|START_ACTION|> <|START_THINKING|>"}  # fmt: skip
+           "command-r7b": "<|START_ACTION|> <|START_THINKING|>",
+           "kimi-k2": "<|tool_calls_section_begin|><|tool_call_begin|>",
+           "minimax-m2": '<minimax:tool_call><invoke name="'}  # fmt: skip
 PROMPT_END = {"functionary-v3.2": "<|start_header_id|>assistant<|end_header_id|>\n\n>>>"}
 
 
@@ -175,6 +188,8 @@ def test_grammar_accepts_the_format_and_parser_reads_it(fmt: str) -> None:
     assert got == WANT and reply.content == ""
     if fmt == "command-r7b":  # the model's own ids, as llama.cpp keeps them
         assert [c.id for c in reply.tool_calls] == ["0", "1"]
+    elif fmt == "kimi-k2":
+        assert [c.id for c in reply.tool_calls] == ["functions.get_weather:0", "functions.add:1"]
     else:
         assert all(len(c.id) >= 9 for c in reply.tool_calls)
 
@@ -198,6 +213,10 @@ def test_llama3_grammar_and_parse() -> None:
                         "<parameter=b>\n3\n</parameter>\n</function>\n</tool_call>"),
         ("qwen3-coder", "<tool_call>\n<function=nope>\n</function>\n</tool_call>"),
         ("mistral", '[TOOL_CALLS][{"name": "add", "arguments": {"a": 2, "b": 3}, "id": "short"}]'),
+        ("kimi-k2", "<|tool_call_begin|>functions.rm:0<|tool_call_argument_begin|>{}"),
+        ("minimax-m2", '<minimax:tool_call><invoke name="add"><parameter name="a">two'
+                       '</parameter><parameter name="b">3</parameter></invoke></minimax:tool_call>'),
+        ("functionary-v3.2", 'add\n{"a": 2}'),
         ("generic", '{"response": "hi"}'),  # required: a call, not a response
         ("generic", '{"tool_call": {"name": "get_weather", "arguments": {"town": "x"}}}'),
     ],

@@ -13,6 +13,13 @@ template's text, as llama.cpp chooses its handler:
   (Mistral Nemo and the templates of that shape);
 * ``llama3``: ``{"name": ..., "parameters": {...}}`` as the whole reply, optionally after
   ``<|python_tag|>`` (Llama 3.1-3.3);
+* ``command-r7b``: ``<|START_ACTION|>[{"tool_call_id": "0", "tool_name": ..., "parameters":
+  {...}}]<|END_ACTION|>`` (Command R7B; ``cohere2moe`` the same with its own answer markers);
+* ``functionary-v3.2``: ``>>>NAME\n{...}`` parts after ``>>>all\n`` text (the generation
+  prompt ends with ``>>>``, which the reply is read with);
+* ``kimi-k2``: ``<|tool_call_begin|>functions.NAME:0<|tool_call_argument_begin|>{...}``;
+  ``minimax-m2``: ``<invoke name=...>`` with ``<parameter name=...>`` elements;
+* GLM, DeepSeek R1 / V3.1, Granite, Functionary v3.1 and gpt-oss (see their classes);
 * ``generic``: every other template, tool-aware or not. The tools are described in the
   system message and the reply is one JSON object, ``{"tool_call": {"name": ...,
   "arguments": {...}}}`` (``{"tool_calls": [...]}`` with parallel calls) or
@@ -24,9 +31,16 @@ text until the format's opening text (its trigger) appears, then the grammar hol
 call to the tools' schemas. ``required`` (or one named function) applies it from the
 start (after the reasoning block of a thinking model). ``none`` leaves tools out.
 
-Reasoning: a ``<think>...</think>`` block at the start of the reply (or a reply that
-starts inside one, when the prompt opened it) becomes ``reasoning_content`` unless the
-request's ``reasoning_format`` is ``none``.
+Reasoning: a ``<think>...</think>`` block (Command R7B: ``<|START_THINKING|>...``) at the
+start of the reply (or a reply that starts inside one, when the prompt opened it) becomes
+``reasoning_content`` unless the request's ``reasoning_format`` is ``none``.
+
+Calls are read by one reader per format (:meth:`ToolFormat.scan_calls`) that serves both
+the finished reply and a streaming one: it stops where the text does, leaving the last
+call's arguments as far as they are certain. Arguments written as a JSON object are kept
+as the model wrote them, so a streamed call's argument text only grows: its first delta
+carries the id and the name, the next ones add to the arguments, and the deltas add up to
+the parsed reply.
 """
 
 from __future__ import annotations
@@ -290,10 +304,10 @@ def _set_args(call: PartialCall, text: str, start: int, end: int | None) -> None
         raise ToolSyntaxError("the arguments are not a JSON object")
 
 
-def _json_args(text: str, i: int, calls: list[PartialCall], name: str) -> int:
+def _json_args(text: str, i: int, calls: list[PartialCall], name: str, id: str = "") -> int:
     """A call of ``name`` whose arguments are the JSON object at ``text[i:]`` (after
     blanks) is read into ``calls``; the index past the object."""
-    call = PartialCall(name)
+    call = PartialCall(name, id=id)
     calls.append(call)
     j = _skip_ws(text, i)
     if j >= len(text):
@@ -936,6 +950,100 @@ class FunctionaryV32(ToolFormat):
                 return
 
 
+class MiniMaxM2(ToolFormat):
+    """MiniMax M2: ``<minimax:tool_call>``, then per call ``<invoke name="NAME">`` and its
+    ``<parameter name="P">VALUE</parameter>`` elements (text values as they are, others as
+    JSON), ``</invoke>``, then ``</minimax:tool_call>``."""
+
+    name = "minimax-m2"
+    BEGIN, END = "<minimax:tool_call>", "</minimax:tool_call>"
+    starts = (BEGIN,)
+    _INVOKE = re.compile(r'<invoke name="([^"]+)">')
+    _PARAM = re.compile(r'<parameter name="([^"]+)">')
+
+    def calls_rule(self, g: GrammarBuilder, tools: list[Tool], parallel: bool) -> str:
+        text_value = gbnf_until(g, "minimax-arg-text", "</parameter>")
+
+        def arg(pname: str, value: str, text: bool) -> str:
+            head = gbnf_literal(f'<parameter name="{pname}">')
+            return f'{head} {text_value if text else value} "</parameter>" space'
+
+        fns = []
+        for t in tools:
+            head = gbnf_literal(f'<invoke name="{t.name}">')
+            body = _tagged_args(g, t, arg)
+            fns.append(g.rule(f"tool-{_rule_name(t.name)}", f'{head} space {body} "</invoke>"'))
+        one = g.rule("tool-call", " | ".join(fns))
+        calls = f"{one} (space {one})*" if parallel else one
+        return g.rule("tool-calls", f"{gbnf_literal(self.BEGIN)} space {calls} space "
+                      f"{gbnf_literal(self.END)}")  # fmt: skip
+
+    def scan_calls(self, text: str, calls: list[PartialCall], tools: list[Tool]) -> None:
+        by_name = {t.name: t for t in tools}
+        i = _lit(text, 0, self.BEGIN)
+        while True:
+            m = _header(text, i, self._INVOKE, '<invoke name="', ">")
+            call = PartialCall(m.group(1))
+            calls.append(call)
+            t = by_name.get(call.name)
+            props = t.schema().get("properties", {}) if t is not None else {}
+            i = _skip_ws(text, _xml_args(text, m.end(), call, props, self._PARAM,
+                                         '<parameter name="', "</parameter>", "</invoke>"))  # fmt: skip
+            if text.startswith(self.END, i):
+                if text[i + len(self.END) :].strip():
+                    raise ToolSyntaxError("text after the tool calls")
+                return
+            if not _more(text, i, "<invoke"):
+                return
+
+
+class KimiK2(ToolFormat):
+    """Kimi K2: ``<|tool_calls_section_begin|>``, then per call ``<|tool_call_begin|>
+    functions.NAME:INDEX<|tool_call_argument_begin|>{...}<|tool_call_end|>`` (the
+    ``functions.NAME:INDEX`` text is the call's id), then ``<|tool_calls_section_end|>``."""
+
+    name = "kimi-k2"
+    SECTION, SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
+    CALL, ARGS, CALL_END = (
+        "<|tool_call_begin|>",
+        "<|tool_call_argument_begin|>",
+        "<|tool_call_end|>",
+    )
+    starts = (SECTION, CALL)
+    markers = (SECTION, SECTION_END, CALL, ARGS, CALL_END, THINK_START, THINK_END)
+    _CALL = re.compile(r"<\|tool_call_begin\|>\s*(functions\.([^:<\s]+):\d+)\s*"
+                       r"<\|tool_call_argument_begin\|>")  # fmt: skip
+
+    def calls_rule(self, g: GrammarBuilder, tools: list[Tool], parallel: bool) -> str:
+        alts = []
+        for t in tools:
+            args = g.schema(t.schema(), f"tool-{_rule_name(t.name)}-args")
+            head = gbnf_literal(f"{self.CALL}functions.{t.name}:")
+            alts.append(g.rule(f"tool-{_rule_name(t.name)}",
+                               f"{head} [0-9]+ {gbnf_literal(self.ARGS)} {args} "
+                               f"{gbnf_literal(self.CALL_END)}?"))  # fmt: skip
+        one = g.rule("tool-call", " | ".join(alts))
+        calls = f"{one} (space {one})*" if parallel else one
+        return g.rule("tool-calls", f"({gbnf_literal(self.SECTION)} space)? {calls} "
+                      f"(space {gbnf_literal(self.SECTION_END)})?")  # fmt: skip
+
+    def scan_calls(self, text: str, calls: list[PartialCall], tools: list[Tool]) -> None:
+        i = _skip_ws(text, 0)
+        if text.startswith(self.SECTION, i):
+            i += len(self.SECTION)
+        while True:
+            m = _header(text, i, self._CALL, self.CALL, self.ARGS)
+            i = _skip_ws(text, _json_args(text, m.end(), calls, m.group(2), m.group(1)))
+            if text.startswith(self.CALL_END, i):
+                i = _skip_ws(text, i + len(self.CALL_END))
+            if text.startswith(self.SECTION_END, i):
+                if text[i + len(self.SECTION_END) :].strip():
+                    raise ToolSyntaxError("text after the tool calls")
+                return
+            if not _more(text, i, self.CALL):
+                return
+
+
 GENERIC_INSTRUCTION = ("Respond in JSON format, either with `tool_call` (a request to call "
                        "tools) or with `response` reply to the user's request")  # fmt: skip
 
@@ -1118,6 +1226,10 @@ def detect_format(source: str) -> ToolFormat:
         return Glm()
     if "<tool_call>" in source and "<invoke name=" not in source:
         return Hermes()
+    if MiniMaxM2.BEGIN in source and "<invoke name=" in source and "]<]minimax[>[" not in source:
+        return MiniMaxM2()
+    if KimiK2.SECTION in source and KimiK2.CALL in source:
+        return KimiK2()
     if "<｜tool▁calls▁begin｜>" in source:
         return DeepSeekR1(v31="```json" not in source)
     if "<function=" in source and "</function>" in source and "<parameter=" not in source:
