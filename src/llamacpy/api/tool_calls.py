@@ -385,10 +385,14 @@ def _lit(text: str, i: int, lit: str) -> int:
     raise ToolSyntaxError(f"expected {lit!r} at character {i}")
 
 
-def _more(text: str, i: int, opener: str) -> bool:
+def _more(text: str, i: int, opener: str, closing: str = "") -> bool:
     """After a call: whether another one follows (or may: the text ends in a part of
-    ``opener``); other text after the calls is an error."""
+    ``opener``); other text after the calls (and their ``closing`` text) is an error."""
     rest = text[_skip_ws(text, i) :]
+    if closing and rest.startswith(closing):
+        rest = rest[len(closing) :].strip()
+        if rest:
+            raise ToolSyntaxError("text after the tool calls")
     if not rest:
         return False
     if rest.startswith(opener) or opener.startswith(rest):
@@ -514,6 +518,16 @@ def _call_objects(g: GrammarBuilder, tools: list[Tool], prefix: str, args_key: s
 
 def _rule_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9-]+", "-", name)
+
+
+def _one_call(g: GrammarBuilder, tools: list[Tool], call: Callable[[Tool, str], str]) -> str:
+    """The rule for one call of any of ``tools`` whose arguments are a JSON object:
+    ``call(tool, args)`` writes the call around the rule of the tool's arguments."""
+    alts = []
+    for t in tools:
+        args = g.schema(t.schema(), f"tool-{_rule_name(t.name)}-args")
+        alts.append(g.rule(f"tool-{_rule_name(t.name)}", call(t, args)))
+    return g.rule("tool-call", " | ".join(alts))
 
 
 class Hermes(ToolFormat):
@@ -708,17 +722,15 @@ class DeepSeekR1(ToolFormat):
             self.name = "deepseek-v3.1"
 
     def calls_rule(self, g: GrammarBuilder, tools: list[Tool], parallel: bool) -> str:
-        alts = []
-        for t in tools:
-            args = g.schema(t.schema(), f"tool-{_rule_name(t.name)}-args")
+
+        def call(t: Tool, args: str) -> str:
             if self.v31:
                 head = gbnf_literal(f"{self.CALL_BEGIN}{t.name}{self.SEP}")
-                tail = gbnf_literal(self.CALL_END)
-            else:
-                head = gbnf_literal(f"{self.CALL_BEGIN}function{self.SEP}{t.name}\n```json\n")
-                tail = gbnf_literal(f"\n```{self.CALL_END}")
-            alts.append(g.rule(f"tool-{_rule_name(t.name)}", f"{head} {args} {tail}"))
-        one = g.rule("tool-call", " | ".join(alts))
+                return f"{head} {args} {gbnf_literal(self.CALL_END)}"
+            head = gbnf_literal(f"{self.CALL_BEGIN}function{self.SEP}{t.name}\n```json\n")
+            return f"{head} {args} {gbnf_literal(f'{chr(10)}```{self.CALL_END}')}"
+
+        one = _one_call(g, tools, call)
         calls = f"{one} (space {one})*" if parallel else one
         return g.rule("tool-calls", f"{gbnf_literal(self.CALLS_BEGIN)} space {calls} space "
                       f"{gbnf_literal(self.CALLS_END)}")  # fmt: skip
@@ -738,12 +750,8 @@ class DeepSeekR1(ToolFormat):
             i = _json_args(text, m.end(), calls, m.group(1).strip())
             if not self.v31:
                 i = _lit(text, i, "```")
-            i = _skip_ws(text, _lit(text, i, self.CALL_END))
-            if text.startswith(self.CALLS_END, i):
-                if text[i + len(self.CALLS_END) :].strip():
-                    raise ToolSyntaxError("text after the tool calls")
-                return
-            if not _more(text, i, self.CALL_BEGIN):
+            i = _lit(text, i, self.CALL_END)
+            if not _more(text, i, self.CALL_BEGIN, self.CALLS_END):
                 return
 
 
@@ -803,12 +811,8 @@ class FunctionaryV31(ToolFormat):
     starts = ("<function=",)
 
     def calls_rule(self, g: GrammarBuilder, tools: list[Tool], parallel: bool) -> str:
-        alts = []
-        for t in tools:
-            args = g.schema(t.schema(), f"tool-{_rule_name(t.name)}-args")
-            alts.append(g.rule(f"tool-{_rule_name(t.name)}",
-                               f'{gbnf_literal(f"<function={t.name}>")} {args} "</function>"'))  # fmt: skip
-        one = g.rule("tool-call", " | ".join(alts))
+        one = _one_call(g, tools, lambda t, args: (f"{gbnf_literal(f'<function={t.name}>')} "
+                                                   f'{args} "</function>"'))  # fmt: skip
         return g.rule("tool-calls", f"{one} (space {one})*" if parallel else one)
 
     _CALL = re.compile(r"<function=([^>]+)>")
@@ -921,12 +925,7 @@ class FunctionaryV32(ToolFormat):
         return (f">>>(?:{names})\n", f"^(?:{names})\n")
 
     def calls_rule(self, g: GrammarBuilder, tools: list[Tool], parallel: bool) -> str:
-        alts = []
-        for t in tools:
-            args = g.schema(t.schema(), f"tool-{_rule_name(t.name)}-args")
-            alts.append(g.rule(f"tool-{_rule_name(t.name)}",
-                               f"{gbnf_literal(t.name + chr(10))} space {args}"))  # fmt: skip
-        one = g.rule("tool-call", " | ".join(alts))
+        one = _one_call(g, tools, lambda t, args: f"{gbnf_literal(t.name + chr(10))} space {args}")
         g.rule("tool-calls-rest", f'{one} (">>>" {one})*' if parallel else one)
         return g.rule("tool-calls", '">>>"? tool-calls-rest')
 
@@ -987,13 +986,9 @@ class MiniMaxM2(ToolFormat):
             calls.append(call)
             t = by_name.get(call.name)
             props = t.schema().get("properties", {}) if t is not None else {}
-            i = _skip_ws(text, _xml_args(text, m.end(), call, props, self._PARAM,
-                                         '<parameter name="', "</parameter>", "</invoke>"))  # fmt: skip
-            if text.startswith(self.END, i):
-                if text[i + len(self.END) :].strip():
-                    raise ToolSyntaxError("text after the tool calls")
-                return
-            if not _more(text, i, "<invoke"):
+            i = _xml_args(text, m.end(), call, props, self._PARAM, '<parameter name="',
+                          "</parameter>", "</invoke>")  # fmt: skip
+            if not _more(text, i, "<invoke", self.END):
                 return
 
 
@@ -1015,14 +1010,9 @@ class KimiK2(ToolFormat):
                        r"<\|tool_call_argument_begin\|>")  # fmt: skip
 
     def calls_rule(self, g: GrammarBuilder, tools: list[Tool], parallel: bool) -> str:
-        alts = []
-        for t in tools:
-            args = g.schema(t.schema(), f"tool-{_rule_name(t.name)}-args")
-            head = gbnf_literal(f"{self.CALL}functions.{t.name}:")
-            alts.append(g.rule(f"tool-{_rule_name(t.name)}",
-                               f"{head} [0-9]+ {gbnf_literal(self.ARGS)} {args} "
-                               f"{gbnf_literal(self.CALL_END)}?"))  # fmt: skip
-        one = g.rule("tool-call", " | ".join(alts))
+        one = _one_call(g, tools, lambda t, args: (
+            f"{gbnf_literal(f'{self.CALL}functions.{t.name}:')} [0-9]+ "
+            f"{gbnf_literal(self.ARGS)} {args} {gbnf_literal(self.CALL_END)}?"))  # fmt: skip
         calls = f"{one} (space {one})*" if parallel else one
         return g.rule("tool-calls", f"({gbnf_literal(self.SECTION)} space)? {calls} "
                       f"(space {gbnf_literal(self.SECTION_END)})?")  # fmt: skip
@@ -1036,11 +1026,7 @@ class KimiK2(ToolFormat):
             i = _skip_ws(text, _json_args(text, m.end(), calls, m.group(2), m.group(1)))
             if text.startswith(self.CALL_END, i):
                 i = _skip_ws(text, i + len(self.CALL_END))
-            if text.startswith(self.SECTION_END, i):
-                if text[i + len(self.SECTION_END) :].strip():
-                    raise ToolSyntaxError("text after the tool calls")
-                return
-            if not _more(text, i, self.CALL):
+            if not _more(text, i, self.CALL, self.SECTION_END):
                 return
 
 
