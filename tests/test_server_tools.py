@@ -225,17 +225,18 @@ def test_required_call_on_gemma3(gemma3_path):
 
 
 @pytest.mark.parametrize(
-    "name,start,end",
+    "name,start,end,budgets",
     [
-        ("Qwen-Qwen3-0.6B.jinja", "<think>", "</think>"),
+        ("Qwen-Qwen3-0.6B.jinja", "<think>", "</think>", (0, 5)),
+        # SmolLM2 closes this block itself after two tokens: budgets below that
         ("CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", "<|START_THINKING|>",
-         "<|END_THINKING|>"),
+         "<|END_THINKING|>", (0, 1)),
     ],
 )  # fmt: skip
-def test_reasoning_budget(server, template, name, start, end):
+def test_reasoning_budget(server, template, name, start, end, budgets):
     template(name)
     grammar = f'root ::= "{start}" [a-z \\n]+ "{end}" [a-z ]+'
-    for budget in (0, 5):
+    for budget in budgets:
         j = server.http.post("/v1/chat/completions", json={
             "messages": ASK, "grammar": grammar, "max_tokens": 24, "temperature": 0,
             "reasoning_budget_tokens": budget, "reasoning_budget_message": " ok"}).json()  # fmt: skip
