@@ -124,7 +124,13 @@ def test_chat_tool_calls(fresh, stream):
                                            max_tokens=96, temperature=0, stream=stream)  # fmt: skip
         if stream:
             chunks = list(out)
-            calls = [tc for c in chunks for tc in c["choices"][0]["delta"].get("tool_calls", [])]
+            calls = []  # a call's first delta has its name, the next ones add arguments
+            for c in chunks:
+                for tc in c["choices"][0]["delta"].get("tool_calls", []):
+                    if tc["index"] == len(calls):
+                        calls.append({"function": dict(tc["function"])})
+                    else:
+                        calls[tc["index"]]["function"]["arguments"] += tc["function"]["arguments"]
             finish = chunks[-1]["choices"][0]["finish_reason"]
         else:
             calls = out["choices"][0]["message"]["tool_calls"]

@@ -64,6 +64,13 @@ EXPECTED = {
     "inclusionai-ling-3.0-flash.jinja": "glm",
     "Spark2.5.jinja": "glm",
     "meetkai-functionary-medium-v3.1.jinja": "functionary-v3.1",
+    "meetkai-functionary-medium-v3.2.jinja": "functionary-v3.2",
+    "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja": "command-r7b",
+    "Cohere2MoE.jinja": "cohere2moe",
+    "Kimi-K2-Instruct.jinja": "kimi-k2",
+    "MiniMax-M2.jinja": "minimax-m2",
+    "Kimi-K2-Thinking.jinja": "kimi-k2",
+    "moonshotai-Kimi-K2.jinja": "kimi-k2",
     "ByteDance-Seed-OSS.jinja": "generic",
     "MiniMax-M3.jinja": "generic",
     "google-gemma-2-2b-it.jinja": "generic",
@@ -98,6 +105,17 @@ CALLS = {
            "<arg_key>b</arg_key><arg_value>3</arg_value></tool_call>",
     "functionary-v3.1": '<function=get_weather>{"city": "Paris"}</function>'
                         '<function=add>{"a": 2, "b": 3}</function>',
+    "functionary-v3.2": 'get_weather\n{"city": "Paris"}>>>add\n{"a": 2, "b": 3}',
+    "command-r7b": '<|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "get_weather", '
+                   '"parameters": {"city": "Paris"}},\n    {"tool_call_id": "1", "tool_name": '
+                   '"add", "parameters": {"a": 2, "b": 3}}\n]<|END_ACTION|>',
+    "kimi-k2": "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+               '<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|><|tool_call_begin|>'
+               'functions.add:1<|tool_call_argument_begin|>{"a": 2, "b": 3}<|tool_call_end|>'
+               "<|tool_calls_section_end|>",
+    "minimax-m2": '<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Paris'
+                  '</parameter>\n</invoke>\n<invoke name="add">\n<parameter name="a">2</parameter>'
+                  '\n<parameter name="b">3</parameter>\n</invoke>\n</minimax:tool_call>',
 }  # fmt: skip
 WANT = [("get_weather", {"city": "Paris"}), ("add", {"a": 2, "b": 3})]
 SOURCES = {"hermes": "<tool_call>", "qwen3-coder": "<tool_call><function=<parameter=",
@@ -105,7 +123,12 @@ SOURCES = {"hermes": "<tool_call>", "qwen3-coder": "<tool_call><function=<parame
            "generic": "", "harmony": "<|channel|>",
            "deepseek-r1": "<｜tool▁calls▁begin｜>```json", "deepseek-v3.1": "<｜tool▁calls▁begin｜>",
            "granite": "<|tool_call|>", "glm": "<tool_call><arg_key>",
-           "functionary-v3.1": "<function=</function>"}  # fmt: skip
+           "functionary-v3.1": "<function=</function>",
+           "functionary-v3.2": ">>>all >>>${recipient}",
+           "command-r7b": "<|START_ACTION|> <|START_THINKING|>",
+           "kimi-k2": "<|tool_calls_section_begin|><|tool_call_begin|>",
+           "minimax-m2": '<minimax:tool_call><invoke name="'}  # fmt: skip
+PROMPT_END = {"functionary-v3.2": "<|start_header_id|>assistant<|end_header_id|>\n\n>>>"}
 
 
 def byte_vocab() -> GrammarVocab:
@@ -119,7 +142,7 @@ VOCAB = byte_vocab()
 
 def plan_for(fmt: str, mode: str = "required", parallel: bool = True, think: bool = False):
     plan = plan_chat(SOURCES[fmt], TOOLS, mode, parallel=parallel)
-    plan.think_open = think
+    plan.read_prompt(PROMPT_END.get(fmt, "") + (plan.think[0] if think else ""))
     plan.build_grammar()
     return plan
 
@@ -163,7 +186,12 @@ def test_grammar_accepts_the_format_and_parser_reads_it(fmt: str) -> None:
     reply = parse_reply(text, plan)
     got = [(c.name, json.loads(c.arguments)) for c in reply.tool_calls]
     assert got == WANT and reply.content == ""
-    assert all(len(c.id) >= 9 for c in reply.tool_calls)
+    if fmt == "command-r7b":  # the model's own ids, as llama.cpp keeps them
+        assert [c.id for c in reply.tool_calls] == ["0", "1"]
+    elif fmt == "kimi-k2":
+        assert [c.id for c in reply.tool_calls] == ["functions.get_weather:0", "functions.add:1"]
+    else:
+        assert all(len(c.id) >= 9 for c in reply.tool_calls)
 
 
 def test_llama3_grammar_and_parse() -> None:
@@ -185,6 +213,10 @@ def test_llama3_grammar_and_parse() -> None:
                         "<parameter=b>\n3\n</parameter>\n</function>\n</tool_call>"),
         ("qwen3-coder", "<tool_call>\n<function=nope>\n</function>\n</tool_call>"),
         ("mistral", '[TOOL_CALLS][{"name": "add", "arguments": {"a": 2, "b": 3}, "id": "short"}]'),
+        ("kimi-k2", "<|tool_call_begin|>functions.rm:0<|tool_call_argument_begin|>{}"),
+        ("minimax-m2", '<minimax:tool_call><invoke name="add"><parameter name="a">two'
+                       '</parameter><parameter name="b">3</parameter></invoke></minimax:tool_call>'),
+        ("functionary-v3.2", 'add\n{"a": 2}'),
         ("generic", '{"response": "hi"}'),  # required: a call, not a response
         ("generic", '{"tool_call": {"name": "get_weather", "arguments": {"town": "x"}}}'),
     ],
@@ -245,6 +277,7 @@ def test_reasoning_split(text: str, think_open: bool, reasoning: str, content: s
 
 
 def _stream(plan, text: str, rng: random.Random):
+    """Deltas fed (text cut at random), the deltas of finish() and the reply."""
     s = ReplyStream(plan)
     deltas, i = [], 0
     while i < len(text):
@@ -252,35 +285,121 @@ def _stream(plan, text: str, rng: random.Random):
         deltas += s.feed(text[i : i + n])
         i += n
     tail, reply = s.finish()
-    return deltas + tail, reply
+    return deltas, tail, reply
 
 
-@pytest.mark.parametrize("fmt", [*sorted(CALLS), "llama3", None])
-@pytest.mark.parametrize("think", [False, True])
-def test_streamed_deltas_add_up_to_the_reply(fmt: str | None, think: bool) -> None:
-    rng = random.Random(7)
+def assemble(deltas):
+    """The message a client builds from streamed deltas (content, reasoning, calls), with
+    the checks that a call's first delta has its id, type and name and the later ones
+    only add arguments."""
+    calls: dict[int, dict] = {}
+    for d in deltas:
+        assert len(d) == 1, d
+        for tc in d.get("tool_calls", []):
+            i = tc["index"]
+            if i not in calls:
+                assert i == len(calls) and tc["type"] == "function" and tc["id"]
+                calls[i] = {"id": tc["id"], "name": tc["function"]["name"], "arguments": ""}
+            else:
+                assert set(tc) == {"index", "function"} and set(tc["function"]) == {"arguments"}
+            calls[i]["arguments"] += tc["function"]["arguments"]
+    content = "".join(d.get("content", "") for d in deltas)
+    reasoning = "".join(d.get("reasoning_content", "") for d in deltas)
+    return content, reasoning.strip(), [calls[i] for i in range(len(calls))]
+
+
+def as_assembled(reply):
+    calls = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in reply.tool_calls]
+    return reply.content, reply.reasoning, calls
+
+
+# formats whose calls' arguments stream as the model writes them
+INCREMENTAL = set(CALLS) - {"glm"} | {"llama3"}
+
+
+def stream_case(fmt: str | None, think: bool):
+    """A plan (tools auto, parallel) and a reply: reasoning, content, then the calls."""
     if fmt is None:
         plan = plan_chat("", [], "none", parallel=True)
         calls = ""
     else:
         plan = plan_chat(SOURCES[fmt], TOOLS, "auto", parallel=True)
         calls = CALLS.get(fmt, '{"name": "add", "parameters": {"a": 2, "b": 3}}')
+    plan.read_prompt(PROMPT_END.get(fmt, ""))
     before = "" if fmt in ("generic", "llama3") else "Checking <now> the weather.\n"
-    head = "<think>\nLet me think: </thi no.\n</think>\n\n" if think else ""
-    text = head + before + calls
+    if fmt == "functionary-v3.2":
+        before = "all\n" + before + ">>>"
+    start, end = plan.think
+    head = f"{start}\nLet me think: {end[:5]} no.\n{end}\n\n" if think else ""
+    return plan, head + before + calls
+
+
+@pytest.mark.parametrize("fmt", [*sorted(CALLS), "llama3", None])
+@pytest.mark.parametrize("think", [False, True])
+def test_streamed_deltas_add_up_to_the_reply(fmt: str | None, think: bool) -> None:
+    if think and fmt == "functionary-v3.2":
+        pytest.skip("the format has no reasoning block")
+    rng = random.Random(7)
+    plan, text = stream_case(fmt, think)
+    pieces = []  # how many deltas the first call's arguments came in while streaming
     for _ in range(20):
-        deltas, reply = _stream(plan, text, rng)
-        content = "".join(d.get("content", "") for d in deltas)
-        reasoning = "".join(d.get("reasoning_content", "") for d in deltas)
-        calls_out = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
-        assert content == reply.content
-        assert reasoning.strip() == reply.reasoning
-        assert [c["function"]["name"] for c in calls_out] == [c.name for c in reply.tool_calls]
-        assert [c["index"] for c in calls_out] == list(range(len(calls_out)))
+        fed, tail, reply = _stream(plan, text, rng)
+        assert assemble(fed + tail) == as_assembled(reply)
         if think:
-            assert reply.reasoning == "Let me think: </thi no."
+            assert reply.reasoning == f"Let me think: {plan.think[1][:5]} no."
         if fmt is not None:
             assert len(reply.tool_calls) == (1 if fmt == "llama3" else 2)
+            assert reply.content == ("" if fmt in ("generic", "llama3")
+                                     else "Checking <now> the weather.")  # fmt: skip
+            args = [tc["function"]["arguments"] for d in fed for tc in d.get("tool_calls", [])
+                    if tc["index"] == 0 and tc["function"]["arguments"]]  # fmt: skip
+            pieces.append(len(args))
+    if fmt in INCREMENTAL:
+        assert max(pieces) >= 3, pieces  # streamed in pieces, not whole at the end
+    elif fmt is not None:
+        assert max(pieces) == 0
+
+
+@pytest.mark.parametrize("fmt", [*sorted(CALLS), "llama3"])
+def test_streamed_deltas_add_up_when_cut_short(fmt: str) -> None:
+    """However the reply ends (max_tokens inside a call, a marker, a value), the streamed
+    deltas add up to the reply that finish() returns."""
+    plan, text = stream_case(fmt, think=False)
+    rng = random.Random(11)
+    for n in range(len(text) + 1):
+        fed, tail, reply = _stream(plan, text[:n], rng)
+        assert assemble(fed + tail) == as_assembled(reply), text[:n]
+
+
+def test_openai_client_assembles_the_streamed_calls() -> None:
+    """The server's chunks for a streamed reply, read by the official client's stream
+    state: the assembled message has the calls, ids and arguments of the parsed reply."""
+    from openai.lib.streaming.chat import ChatCompletionStreamState
+    from openai.types.chat import ChatCompletionChunk
+
+    from llamacpy.api.serving import Chunk, Final
+    from llamacpy.server.responses import Shaper
+
+    for fmt in sorted(INCREMENTAL):
+        plan, text = stream_case(fmt, think=fmt != "functionary-v3.2")
+        plan.build_grammar()
+        shaper = Shaper("chat", "m", plan=plan)
+        events = shaper.first()
+        pieces = re.findall(r".{1,3}", text, re.DOTALL)
+        for p in pieces:
+            events += shaper.chunk(Chunk(p, [0]))
+        events += shaper.done(Final("stop", "eos", "", text, [], 1, 0, len(pieces), {}, 0))
+        state = ChatCompletionStreamState()
+        for ev in events:
+            data = ev.decode().removeprefix("data: ").strip()
+            state.handle_chunk(ChatCompletionChunk.model_validate(json.loads(data)))
+        choice = state.get_final_completion().choices[0]
+        want = parse_reply(text, plan)
+        assert choice.finish_reason == "tool_calls"
+        got = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls]
+        assert got == [(c.name, c.arguments) for c in want.tool_calls], fmt
+        assert all(len(c.id) >= 1 for c in choice.message.tool_calls)
+        assert (choice.message.content or "") == want.content
 
 
 def test_parse_tools_and_choice_errors() -> None:
@@ -394,3 +513,81 @@ def test_harmony_lazy_triggers() -> None:
     for t in (9, 10, 2, 13):
         g.accept(t)
     assert g.can_end
+
+
+def test_command_r7b_reasoning_response_and_calls() -> None:
+    """Command R7B as llama.cpp reads it: <|START_THINKING|> blocks are the reasoning, the
+    <|START_RESPONSE|> markers leave the content; the ids are the model's."""
+    chat = plan_chat(SOURCES["command-r7b"], [], "none", parallel=False)
+    assert "<|START_RESPONSE|>" in chat.preserved and chat.fmt is None
+    answer = ("<|START_THINKING|>I'm\nthinking<|END_THINKING|>"
+              "<|START_RESPONSE|>Hello, world!\nWhat's up?<|END_RESPONSE|>")  # fmt: skip
+    reply = parse_reply(answer, chat)
+    assert (reply.reasoning, reply.content) == ("I'm\nthinking", "Hello, world!\nWhat's up?")
+    raw = plan_chat(SOURCES["command-r7b"], [], "none", parallel=False, reasoning_format="none")
+    assert parse_reply(answer, raw).content == (
+        "<|START_THINKING|>I'm\nthinking<|END_THINKING|>Hello, world!\nWhat's up?")  # fmt: skip
+    plan = plan_for("command-r7b", mode="auto", parallel=False)
+    assert plan.lazy and plan.trigger_words == ("<|START_ACTION|>",)
+    call = ('<|START_THINKING|><|END_THINKING|><|START_ACTION|>[\n    {"tool_call_id": "0", '
+            '"tool_name": "add", "parameters": {"a": 2, "b": 3}}\n]<|END_ACTION|>')  # fmt: skip
+    reply = parse_reply(call, plan)
+    assert reply.reasoning == "" and reply.content == ""
+    assert [(c.id, c.name, c.arguments) for c in reply.tool_calls] == [
+        ("0", "add", '{"a": 2, "b": 3}')
+    ]
+    # required: the model may think first; the ids are digits
+    req = plan_for("command-r7b", parallel=False)
+    bare = call.removeprefix("<|START_THINKING|><|END_THINKING|>")
+    assert accepts(req.grammar, call) and accepts(req.grammar, bare)
+    assert not accepts(req.grammar, call.replace('"0"', '"x"'))
+    assert not accepts(req.grammar, "<|START_RESPONSE|>Hi<|END_RESPONSE|>")
+    opened = plan_for("command-r7b", parallel=False, think=True)
+    assert opened.think_open and accepts(opened.grammar, "Plan.<|END_THINKING|>" + bare)
+
+
+def test_functionary_v32_parts() -> None:
+    """Functionary v3.2: the prompt ends with '>>>'; 'all' parts are content, the others
+    are calls of the named function."""
+    chat = plan_chat(SOURCES["functionary-v3.2"], [], "none", parallel=False)
+    chat.read_prompt(PROMPT_END["functionary-v3.2"])
+    assert chat.prefix == ">>>" and parse_reply("all\nHello there", chat).content == "Hello there"
+    plan = plan_for("functionary-v3.2", mode="auto")
+    reply = parse_reply('all\nLet me add.\n>>>add\n{"a": 2, "b": 3}', plan)
+    assert reply.content == "Let me add." and reply.tool_calls[0].arguments == '{"a": 2, "b": 3}'
+    assert parse_reply("all\nno >>>nope\n{}", plan).tool_calls == []  # not a tool: text
+    no_prefix = plan_for("functionary-v3.2", mode="auto")
+    no_prefix.read_prompt("<|start_header_id|>assistant<|end_header_id|>\n\n")
+    assert no_prefix.prefix == "" and parse_reply("all\nHi", no_prefix).content == "all\nHi"
+    req = plan_for("functionary-v3.2")
+    assert accepts(req.grammar, 'all\nLet me add.\n>>>add\n{"a": 2, "b": 3}')
+    assert accepts(req.grammar, CALLS["functionary-v3.2"])
+    assert not accepts(req.grammar, "all\nJust text.")  # required: a call
+    assert not accepts(req.grammar, 'all\nx>>>all\ny>>>add\n{"a": 2, "b": 3}')
+
+
+def test_functionary_v32_lazy_triggers() -> None:
+    """The lazy grammar waits through 'all' parts and starts at a tool's name, at the
+    start of the reply or after '>>>'; a name that is no tool is left alone."""
+    plan = plan_for("functionary-v3.2", mode="auto")
+    assert plan.lazy
+
+    def run(text: str) -> LazyGrammar:
+        g = LazyGrammar(GrammarMatcher(plan.grammar, VOCAB), words=plan.trigger_words,
+                        patterns=plan.trigger_patterns)  # fmt: skip
+        for ch in text:
+            g.accept(_tok(ch))
+        return g
+
+    g = run("all\nSure, adding.\n")
+    assert not g.triggered
+    g = run("all\nSure.\n>>>add\n")
+    assert g.triggered and not g.allows(_tok("x")) and g.allows(_tok("{"))
+    g = run("add\n")
+    assert g.triggered and g.allows(_tok("{"))
+    assert not run("python\n{").triggered
+
+
+def _tok(ch: str) -> int:
+    pieces = [chr(c).encode() for c in range(32, 127)] + [b"\n", b"\t", b"</s>"]
+    return pieces.index(ch.encode())

@@ -53,7 +53,6 @@ from .model import LoadedModel, ModelInfo, load_model, metadata_strings
 from .rerank import RERANK_TEMPLATE_KEY, rerank_tokens
 from .state import LlamaState, load_session, save_session
 from .tool_calls import (
-    THINK_START,
     Generic,
     ReplyStream,
     generic_messages,
@@ -573,7 +572,7 @@ class Llama:
         if isinstance(plan.fmt, Generic):
             messages, tools = generic_messages(list(messages), plan.tools), None
         chat = format_chat(self.chat_format, self._tokenizer, messages, tools)
-        plan.think_open = self._tokenizer.decode(chat.tokens).rstrip().endswith(THINK_START)
+        plan.read_prompt(self._tokenizer.decode(chat.tokens))
         plan.build_grammar()
         matcher = grammar_matcher(plan.grammar, self._tokenizer)
         if plan.lazy:

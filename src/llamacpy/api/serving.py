@@ -73,10 +73,11 @@ class CompletionOptions:
     timeout: float | None = None
     grammar: Any = None  # a fresh GrammarMatcher (see ServingModel.grammar_matcher)
     preserved: frozenset[int] = frozenset()  # special tokens whose text the reply keeps
-    # a <think> block (open from the start with think_open) gets at most reasoning_budget
-    # tokens (-1: no limit); then budget_message and the end tag are forced
+    # a reasoning block (think_tags; open from the start with think_open) gets at most
+    # reasoning_budget tokens (-1: no limit); then budget_message and the end tag are forced
     reasoning_budget: int = -1
     think_open: bool = False
+    think_tags: tuple[str, str] = ("<think>", "</think>")
     budget_message: str = ""
 
 
@@ -191,26 +192,27 @@ class CompletionHandler:
         return token
 
     def _budget(self) -> None:
-        """Count the tokens of the reply's <think> block; at the budget, queue the forced
+        """Count the tokens of the reply's reasoning block; at the budget, queue the forced
         end (the budget message, then a new line and the end tag)."""
+        start, end = self.opts.think_tags
         if self.think == "idle":
             head = self.text.lstrip()
-            if head.startswith("<think>"):
+            if head.startswith(start):
                 self.think = "open"
-            elif head and not "<think>".startswith(head):
+            elif head and not start.startswith(head):
                 self.think = "done"
                 return
             else:
                 return
-        if "</think>" in self.text:
+        if end in self.text:
             self.think = "done"
             return
         self.n_think += 1
         if self.utf8.pending:
             return  # never cut a character in two: wait for its last byte
         if self.n_think >= self.opts.reasoning_budget and not self.forced:
-            end = self.opts.budget_message + "\n</think>"
-            self.forced = self.tok.encode(end, add_special=False, parse_special=True)
+            forced = self.opts.budget_message + "\n" + end
+            self.forced = self.tok.encode(forced, add_special=False, parse_special=True)
             self.think = "done"
 
     def _forced(self) -> int | None:

@@ -13,6 +13,13 @@ template's text, as llama.cpp chooses its handler:
   (Mistral Nemo and the templates of that shape);
 * ``llama3``: ``{"name": ..., "parameters": {...}}`` as the whole reply, optionally after
   ``<|python_tag|>`` (Llama 3.1-3.3);
+* ``command-r7b``: ``<|START_ACTION|>[{"tool_call_id": "0", "tool_name": ..., "parameters":
+  {...}}]<|END_ACTION|>`` (Command R7B; ``cohere2moe`` the same with its own answer markers);
+* ``functionary-v3.2``: ``>>>NAME\n{...}`` parts after ``>>>all\n`` text (the generation
+  prompt ends with ``>>>``, which the reply is read with);
+* ``kimi-k2``: ``<|tool_call_begin|>functions.NAME:0<|tool_call_argument_begin|>{...}``;
+  ``minimax-m2``: ``<invoke name=...>`` with ``<parameter name=...>`` elements;
+* GLM, DeepSeek R1 / V3.1, Granite, Functionary v3.1 and gpt-oss (see their classes);
 * ``generic``: every other template, tool-aware or not. The tools are described in the
   system message and the reply is one JSON object, ``{"tool_call": {"name": ...,
   "arguments": {...}}}`` (``{"tool_calls": [...]}`` with parallel calls) or
@@ -24,9 +31,16 @@ text until the format's opening text (its trigger) appears, then the grammar hol
 call to the tools' schemas. ``required`` (or one named function) applies it from the
 start (after the reasoning block of a thinking model). ``none`` leaves tools out.
 
-Reasoning: a ``<think>...</think>`` block at the start of the reply (or a reply that
-starts inside one, when the prompt opened it) becomes ``reasoning_content`` unless the
-request's ``reasoning_format`` is ``none``.
+Reasoning: a ``<think>...</think>`` block (Command R7B: ``<|START_THINKING|>...``) at the
+start of the reply (or a reply that starts inside one, when the prompt opened it) becomes
+``reasoning_content`` unless the request's ``reasoning_format`` is ``none``.
+
+Calls are read by one reader per format (:meth:`ToolFormat.scan_calls`) that serves both
+the finished reply and a streaming one: it stops where the text does, leaving the last
+call's arguments as far as they are certain. Arguments written as a JSON object are kept
+as the model wrote them, so a streamed call's argument text only grows: its first delta
+carries the id and the name, the next ones add to the arguments, and the deltas add up to
+the parsed reply.
 """
 
 from __future__ import annotations
@@ -128,9 +142,9 @@ def parse_tool_choice(choice: Any, tools: list[Tool]) -> tuple[str, list[Tool]]:
     return "required", named
 
 
-def new_call_id() -> str:
+def new_call_id(length: int = 32) -> str:
     """llama-server's tool call id: 32 random letters and digits."""
-    return "".join(secrets.choice(_ID_CHARS) for _ in range(32))
+    return "".join(secrets.choice(_ID_CHARS) for _ in range(length))
 
 
 # ---------------------------------------------------------------------------- replies
@@ -173,20 +187,11 @@ class ToolSyntaxError(ValueError):
 
 def _args_text(args: Any) -> str:
     if isinstance(args, str):
-        json.loads(args)  # must be JSON text itself
+        _decode(args)  # must be JSON text itself
         return args
     if not isinstance(args, dict):
         raise ToolSyntaxError("the arguments are not a JSON object")
     return json.dumps(args, ensure_ascii=False)
-
-
-def _json_at(text: str, i: int) -> tuple[Any, int]:
-    """The JSON value starting at ``text[i:]`` (after blanks) and the index past it."""
-    i = _skip_ws(text, i)
-    try:
-        return json.JSONDecoder().raw_decode(text, i)
-    except json.JSONDecodeError as e:
-        raise ToolSyntaxError(f"malformed JSON in a tool call: {e.msg}") from None
 
 
 def _skip_ws(text: str, i: int) -> int:
@@ -195,20 +200,217 @@ def _skip_ws(text: str, i: int) -> int:
     return i
 
 
-def _expect(text: str, i: int, lit: str) -> int:
+class _Unfinished(Exception):
+    """The text ends before the structure being read does (a reply still streaming)."""
+
+
+@dataclass
+class PartialCall:
+    """A call as far as it has been read: ``args`` is the arguments' JSON text so far, a
+    prefix of the final text (whole once ``done``)."""
+
+    name: str
+    args: str = ""
+    id: str = ""
+    done: bool = False
+
+
+# a JSON string (whole), a bracket, or a lone quote (a string the text ends in)
+_JSON_STRUCT = re.compile(r'"[^"\\]*+(?:\\.[^"\\]*+)*+"|[{}\[\]"]')  # no backtracking
+_JSON_SCALAR = re.compile(r"[A-Za-z0-9.+-]+")
+
+
+def _value_end(text: str, i: int) -> int | None:
+    """Where the JSON value at ``text[i]`` ends (None: the text ends first). Only the
+    structure is followed; the value is checked by ``json.loads`` once whole."""
+    if i >= len(text):
+        return None
+    if text[i] in '"{[':
+        depth = 0
+        for m in _JSON_STRUCT.finditer(text, i):
+            t = m.group()
+            if t == '"':
+                return None
+            if t[0] != '"':
+                depth += 1 if t in "{[" else -1
+            if depth == 0:
+                return m.end()
+        return None
+    m = _JSON_SCALAR.match(text, i)
+    if m is None:
+        raise ToolSyntaxError(f"unexpected {text[i]!r} in JSON at character {i}")
+    return m.end() if m.end() < len(text) else None
+
+
+def _decode(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ToolSyntaxError(f"malformed JSON in a tool call: {e.msg}") from None
+
+
+def _object_fields(text: str, i: int) -> tuple[list[tuple[str, int, int | None]], int | None]:
+    """The fields of the JSON object at ``text[i]`` read so far, ``(key, value start, value
+    end or None)``, and the index past the object (None: unfinished)."""
+    fields: list[tuple[str, int, int | None]] = []
+    if i >= len(text):
+        return fields, None
+    if text[i] != "{":
+        raise ToolSyntaxError(f"expected a JSON object at character {i}")
+    j = _skip_ws(text, i + 1)
+    if text.startswith("}", j):
+        return fields, j + 1
+    while j < len(text):
+        if text[j] != '"':
+            raise ToolSyntaxError(f"expected a key at character {j}")
+        end = _value_end(text, j)
+        if end is None:
+            break
+        key = _decode(text[j:end])
+        j = _skip_ws(text, end)
+        if j >= len(text):
+            break
+        if text[j] != ":":
+            raise ToolSyntaxError(f"expected ':' at character {j}")
+        j = _skip_ws(text, j + 1)
+        if j >= len(text):
+            break
+        end = _value_end(text, j)
+        fields.append((key, j, end))
+        if end is None:
+            break
+        j = _skip_ws(text, end)
+        if j < len(text) and text[j] == "}":
+            return fields, j + 1
+        if j < len(text) and text[j] != ",":
+            raise ToolSyntaxError(f"expected ',' or '}}' at character {j}")
+        j = _skip_ws(text, j + 1)
+    return fields, None
+
+
+def _set_args(call: PartialCall, text: str, start: int, end: int | None) -> None:
+    """The arguments value at ``text[start:end]`` (end None: unfinished). An object is kept
+    as written, and streams as it grows; JSON text in a string is decoded once whole."""
+    if end is None:
+        call.args = text[start:] if text.startswith("{", start) else ""
+        return
+    raw = text[start:end]
+    value = _decode(raw)
+    if isinstance(value, dict):
+        call.args = raw
+    elif isinstance(value, str):
+        call.args = _args_text(value)
+    else:
+        raise ToolSyntaxError("the arguments are not a JSON object")
+
+
+def _json_args(text: str, i: int, calls: list[PartialCall], name: str, id: str = "") -> int:
+    """A call of ``name`` whose arguments are the JSON object at ``text[i:]`` (after
+    blanks) is read into ``calls``; the index past the object."""
+    call = PartialCall(name, id=id)
+    calls.append(call)
+    j = _skip_ws(text, i)
+    if j >= len(text):
+        raise _Unfinished
+    if text[j] != "{":
+        raise ToolSyntaxError(f"expected the arguments object at character {j}")
+    end = _value_end(text, j)
+    _set_args(call, text, j, end)
+    if end is None:
+        raise _Unfinished
+    call.done = True
+    return end
+
+
+def _json_call(text: str, i: int, calls: list[PartialCall], args_keys: Sequence[str],
+               name_key: str = "name", id_key: str = "id") -> int:  # fmt: skip
+    """The call object at ``text[i:]`` (after blanks) is read into ``calls`` (once its name
+    is known); the index past it."""
     i = _skip_ws(text, i)
-    if not text.startswith(lit, i):
-        raise ToolSyntaxError(f"expected {lit!r} at character {i}")
-    return i + len(lit)
+    fields, end = _object_fields(text, i)
+    spans = {k: (s, e) for k, s, e in reversed(fields)}  # the first of a repeated key
+    name_span = spans.get(name_key, (0, None))
+    if name_span[1] is None:
+        if end is None:
+            raise _Unfinished
+        raise ToolSyntaxError(f"a tool call must be an object with a string {name_key!r}")
+    name = _decode(text[name_span[0] : name_span[1]])
+    if not isinstance(name, str):
+        raise ToolSyntaxError(f"a tool call's {name_key!r} must be a string")
+    call = PartialCall(name)
+    s, e = spans.get(id_key, (0, None))
+    if e is not None:
+        call.id = str(_decode(text[s:e]) or "")
+    calls.append(call)
+    key = next((k for k in args_keys if k in spans), None)
+    if key is not None:
+        _set_args(call, text, *spans[key])
+    if end is None:
+        raise _Unfinished
+    _decode(text[i:end])  # the whole object is well-formed JSON
+    call.args = call.args or "{}"
+    call.done = True
+    return end
 
 
-def _call_from(obj: Any, args_keys: Sequence[str]) -> ToolCall:
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        raise ToolSyntaxError("a tool call must be an object with a string 'name'")
-    for k in args_keys:
-        if k in obj:
-            return ToolCall(obj["name"], _args_text(obj[k]), str(obj.get("id") or ""))
-    return ToolCall(obj["name"], "{}", str(obj.get("id") or ""))
+def _json_call_array(text: str, i: int, calls: list[PartialCall], args_keys: Sequence[str],
+                     **keys: str) -> int:  # fmt: skip
+    """A JSON array of call objects (or one object) at ``text[i:]``; the index past it."""
+    i = _skip_ws(text, i)
+    if i >= len(text):
+        raise _Unfinished
+    if text[i] == "{":
+        return _json_call(text, i, calls, args_keys, **keys)
+    if text[i] != "[":
+        raise ToolSyntaxError(f"expected an array of calls at character {i}")
+    j = _skip_ws(text, i + 1)
+    while True:
+        j = _skip_ws(text, _json_call(text, j, calls, args_keys, **keys))
+        if j >= len(text):
+            raise _Unfinished
+        if text[j] == "]":
+            return j + 1
+        if text[j] != ",":
+            raise ToolSyntaxError(f"expected ',' or ']' at character {j}")
+        j += 1
+
+
+def _lit(text: str, i: int, lit: str) -> int:
+    """The index past ``lit`` at ``text[i:]`` (after blanks)."""
+    i = _skip_ws(text, i)
+    if text.startswith(lit, i):
+        return i + len(lit)
+    if lit.startswith(text[i:]):
+        raise _Unfinished
+    raise ToolSyntaxError(f"expected {lit!r} at character {i}")
+
+
+def _more(text: str, i: int, opener: str, closing: str = "") -> bool:
+    """After a call: whether another one follows (or may: the text ends in a part of
+    ``opener``); other text after the calls (and their ``closing`` text) is an error."""
+    rest = text[_skip_ws(text, i) :]
+    if closing and rest.startswith(closing):
+        rest = rest[len(closing) :].strip()
+        if rest:
+            raise ToolSyntaxError("text after the tool calls")
+    if not rest:
+        return False
+    if rest.startswith(opener) or opener.startswith(rest):
+        return True
+    raise ToolSyntaxError("text after the tool calls")
+
+
+def _header(text: str, i: int, pattern: re.Pattern[str], opener: str, close: str) -> re.Match[str]:
+    """A call's header (``pattern``, which starts with ``opener`` and ends at ``close``) at
+    ``text[i:]`` after blanks."""
+    j = _skip_ws(text, i)
+    m = pattern.match(text, j)
+    if m is not None:
+        return m
+    rest = text[j:]
+    if opener.startswith(rest) or (rest.startswith(opener) and close not in rest[len(opener) :]):
+        raise _Unfinished
+    raise ToolSyntaxError(f"expected {opener!r} at character {j}")
 
 
 def gbnf_literal(text: str) -> str:
@@ -247,20 +449,53 @@ class ToolFormat:
     starts: tuple[str, ...] = ()  # text that opens a call (lazy-grammar triggers)
     patterns: tuple[str, ...] = ()  # trigger patterns (``^...$``: the whole reply)
     always_grammar = False  # the grammar holds from the first token, even with 'auto'
+    id_length = 32  # the length of the ids given to calls the model wrote none for
+    # what the family's template implies for every reply, tools or not:
+    think = (THINK_START, THINK_END)  # the tags around reasoning
+    dropped: tuple[str, ...] = ()  # marker texts taken out of the content
+    opener = ""  # text a generation prompt ends with that the reply continues
+    markers: tuple[str, ...] = ()  # special tokens whose text the reply keeps
+
+    def trigger_patterns(self, tools: list[Tool]) -> tuple[str, ...]:
+        """The lazy grammar's trigger patterns for these tools."""
+        return self.patterns
 
     def calls_rule(self, g: GrammarBuilder, tools: list[Tool], parallel: bool) -> str:
         raise NotImplementedError
 
-    def required_root(self, g: GrammarBuilder, calls: str, think_open: bool) -> str:
-        """The grammar of a whole reply that must call a tool."""
-        if not think_open:
+    def required_root(self, g: GrammarBuilder, calls: str, think_end: str | None) -> str:
+        """The grammar of a whole reply that must call a tool (``think_end``: the prompt
+        opened a reasoning block, which this tag closes)."""
+        if think_end is None:
             return calls
-        think = gbnf_until(g, "think-text", THINK_END)
-        return g.rule("reasoning-then-calls", f'{think} "{THINK_END}" space {calls}')
+        think = gbnf_until(g, "think-text", think_end)
+        return g.rule("reasoning-then-calls", f"{think} {gbnf_literal(think_end)} space {calls}")
+
+    def scan_calls(self, text: str, calls: list[PartialCall], tools: list[Tool]) -> None:
+        """Read the calls in ``text`` (which starts with one of :attr:`starts`) into
+        ``calls``; raises ``_Unfinished`` where the text ends first. A format that does not
+        define it has its calls sent whole when the reply ends."""
+        raise NotImplementedError
 
     def parse_calls(self, text: str, tools: list[Tool]) -> list[ToolCall]:
         """The calls in ``text``, which starts with one of :attr:`starts`."""
-        raise NotImplementedError
+        calls: list[PartialCall] = []
+        try:
+            self.scan_calls(text, calls, tools)
+        except _Unfinished:
+            raise ToolSyntaxError("the tool calls are unfinished") from None
+        if not calls or not all(c.done for c in calls):
+            raise ToolSyntaxError("no tool call")
+        return [ToolCall(c.name, c.args, c.id) for c in calls]
+
+    def stream_calls(self, text: str, tools: list[Tool]) -> list[PartialCall]:
+        """The calls of an unfinished ``text`` as far as they are certain."""
+        calls: list[PartialCall] = []
+        try:
+            self.scan_calls(text, calls, tools)
+        except (_Unfinished, ToolSyntaxError, NotImplementedError):
+            pass
+        return calls
 
     def find_start(self, text: str) -> int:
         """Where the first call begins in ``text`` (-1: none)."""
@@ -285,6 +520,16 @@ def _rule_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9-]+", "-", name)
 
 
+def _one_call(g: GrammarBuilder, tools: list[Tool], call: Callable[[Tool, str], str]) -> str:
+    """The rule for one call of any of ``tools`` whose arguments are a JSON object:
+    ``call(tool, args)`` writes the call around the rule of the tool's arguments."""
+    alts = []
+    for t in tools:
+        args = g.schema(t.schema(), f"tool-{_rule_name(t.name)}-args")
+        alts.append(g.rule(f"tool-{_rule_name(t.name)}", call(t, args)))
+    return g.rule("tool-call", " | ".join(alts))
+
+
 class Hermes(ToolFormat):
     name = "hermes"
     starts = ("<tool_call>",)
@@ -294,18 +539,13 @@ class Hermes(ToolFormat):
         one = g.rule("tool-call", f'"<tool_call>" space {obj} space "</tool_call>"')
         return g.rule("tool-calls", f"{one} (space {one})*" if parallel else one)
 
-    def parse_calls(self, text: str, tools: list[Tool]) -> list[ToolCall]:
-        calls, i = [], 0
+    def scan_calls(self, text: str, calls: list[PartialCall], tools: list[Tool]) -> None:
+        i = 0
         while True:
-            i = _expect(text, i, "<tool_call>")
-            obj, i = _json_at(text, i)
-            calls.append(_call_from(obj, ("arguments", "parameters")))
-            i = _expect(text, i, "</tool_call>")
-            j = _skip_ws(text, i)
-            if not text.startswith("<tool_call>", j):
-                if text[j:].strip():
-                    raise ToolSyntaxError("text after the tool calls")
-                return calls
+            i = _json_call(text, _lit(text, i, "<tool_call>"), calls, ("arguments", "parameters"))
+            i = _lit(text, i, "</tool_call>")
+            if not _more(text, i, "<tool_call>"):
+                return
 
 
 def _tagged_args(g: GrammarBuilder, t: Tool, arg: Callable[[str, str, bool], str]) -> str:
@@ -350,33 +590,58 @@ class Qwen3Coder(ToolFormat):
         one = g.rule("tool-call", f'"<tool_call>\\n" ({" | ".join(fns)}) "</tool_call>" space')
         return g.rule("tool-calls", f"{one}+" if parallel else one)
 
-    _CALL = re.compile(r"\s*<tool_call>\s*<function=([^>\n]+)>\n?(.*?)</function>\s*</tool_call>",
-                       re.DOTALL)  # fmt: skip
-    _PARAM = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>\s*", re.DOTALL)
+    _FUNCTION = re.compile(r"<function=([^>\n]+)>\n?")
+    _PARAM = re.compile(r"<parameter=([^>\n]+)>")
 
-    def parse_calls(self, text: str, tools: list[Tool]) -> list[ToolCall]:
+    def scan_calls(self, text: str, calls: list[PartialCall], tools: list[Tool]) -> None:
         by_name = {t.name: t for t in tools}
-        calls, i = [], 0
-        while i < len(text) and text[i:].strip():
-            m = self._CALL.match(text, i)
-            if m is None:
-                raise ToolSyntaxError("malformed <tool_call> block")
-            name, body = m.group(1).strip(), m.group(2)
-            props = by_name[name].schema().get("properties", {}) if name in by_name else {}
-            args: dict[str, Any] = {}
-            j = _skip_ws(body, 0)
-            while j < len(body):
-                pm = self._PARAM.match(body, j)
-                if pm is None:
-                    raise ToolSyntaxError("malformed <parameter=...> in a tool call")
-                pname, raw = pm.group(1).strip(), pm.group(2)
-                args[pname] = _xml_value(raw, props.get(pname))
-                j = pm.end()
-            calls.append(ToolCall(name, json.dumps(args, ensure_ascii=False)))
-            i = m.end()
-        if not calls:
-            raise ToolSyntaxError("no tool call")
-        return calls
+        i = 0
+        while True:
+            m = _header(text, _lit(text, i, "<tool_call>"), self._FUNCTION, "<function=", ">")
+            call = PartialCall(m.group(1).strip())
+            calls.append(call)
+            t = by_name.get(call.name)
+            props = t.schema().get("properties", {}) if t is not None else {}
+            i = _xml_args(text, m.end(), call, props, self._PARAM, "<parameter=",
+                          "</parameter>", "</function>")  # fmt: skip
+            i = _lit(text, i, "</tool_call>")
+            if not _more(text, i, "<tool_call>"):
+                return
+
+
+def _xml_args(text: str, i: int, call: PartialCall, props: Mapping[str, Any],
+              head: re.Pattern[str], opener: str, close: str, end: str) -> int:  # fmt: skip
+    """Tagged parameters (``head`` = ``opener``NAME``>``, a value, ``close``) up to ``end``,
+    into ``call.args`` as the JSON object they make (text values as strings, others as
+    JSON when they parse); the index past ``end``. A value is stripped of one new line on
+    each side. While the text is unfinished ``call.args`` is the object's certain prefix:
+    a text value grows with the text."""
+    parts: list[str] = []
+    while True:
+        j = _skip_ws(text, i)
+        if text.startswith(end, j):
+            call.args = "{" + ", ".join(parts) + "}"
+            call.done = True
+            return j + len(end)
+        call.args = "{" + ", ".join(parts)
+        if end.startswith(text[j:]):
+            raise _Unfinished
+        m = _header(text, j, head, opener, ">")
+        pname = m.group(1).strip()
+        key = json.dumps(pname, ensure_ascii=False) + ": "
+        schema = props.get(pname)
+        v = m.end() + text.startswith("\n", m.end())
+        k = text.find(close, v)
+        if k < 0:
+            if _is_string_schema(schema):
+                raw = text[v : len(text) - _held(text[v:], ("\n" + close, close))]
+                key += '"' + json.dumps(raw, ensure_ascii=False)[1:-1]
+            call.args = "{" + ", ".join([*parts, key])
+            raise _Unfinished
+        raw = text[v:k]
+        raw = raw[:-1] if raw.endswith("\n") else raw
+        parts.append(key + json.dumps(_xml_value(raw, schema), ensure_ascii=False))
+        i = k + len(close)
 
 
 def _schema_types(schema: Any) -> set[str]:
@@ -423,18 +688,15 @@ class JsonArray(ToolFormat):
         items = f'{obj} ("," space {obj})*' if parallel else obj
         return g.rule("tool-calls", f'{gbnf_literal(self.marker)} "[" space {items} space "]"')
 
-    def parse_calls(self, text: str, tools: list[Tool]) -> list[ToolCall]:
-        i = _expect(text, 0, self.marker)
-        arr, i = _json_at(text, i)
-        if isinstance(arr, dict):
-            arr = [arr]
-        if not isinstance(arr, list) or not arr or text[i:].strip():
-            raise ToolSyntaxError(f"{self.marker} must be followed by an array of calls")
-        return [_call_from(o, ("arguments", "parameters")) for o in arr]
+    def scan_calls(self, text: str, calls: list[PartialCall], tools: list[Tool]) -> None:
+        i = _json_call_array(text, _lit(text, 0, self.marker), calls, ("arguments", "parameters"))
+        if text[i:].strip():
+            raise ToolSyntaxError(f"text after the {self.marker} array")
 
 
 class Mistral(JsonArray):
     name, marker = "mistral", "[TOOL_CALLS]"
+    id_length = 9  # its templates refuse other ids in the history
     extra: ClassVar[Mapping[str, Any]] = {"id": {"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"}}
 
 
@@ -460,49 +722,37 @@ class DeepSeekR1(ToolFormat):
             self.name = "deepseek-v3.1"
 
     def calls_rule(self, g: GrammarBuilder, tools: list[Tool], parallel: bool) -> str:
-        alts = []
-        for t in tools:
-            args = g.schema(t.schema(), f"tool-{_rule_name(t.name)}-args")
+
+        def call(t: Tool, args: str) -> str:
             if self.v31:
                 head = gbnf_literal(f"{self.CALL_BEGIN}{t.name}{self.SEP}")
-                tail = gbnf_literal(self.CALL_END)
-            else:
-                head = gbnf_literal(f"{self.CALL_BEGIN}function{self.SEP}{t.name}\n```json\n")
-                tail = gbnf_literal(f"\n```{self.CALL_END}")
-            alts.append(g.rule(f"tool-{_rule_name(t.name)}", f"{head} {args} {tail}"))
-        one = g.rule("tool-call", " | ".join(alts))
+                return f"{head} {args} {gbnf_literal(self.CALL_END)}"
+            head = gbnf_literal(f"{self.CALL_BEGIN}function{self.SEP}{t.name}\n```json\n")
+            return f"{head} {args} {gbnf_literal(f'{chr(10)}```{self.CALL_END}')}"
+
+        one = _one_call(g, tools, call)
         calls = f"{one} (space {one})*" if parallel else one
         return g.rule("tool-calls", f"{gbnf_literal(self.CALLS_BEGIN)} space {calls} space "
                       f"{gbnf_literal(self.CALLS_END)}")  # fmt: skip
 
-    _CALL = re.compile(
-        r"\s*<｜tool▁call▁begin｜>\s*function\s*<｜tool▁sep｜>([^\n]+)\n```(?:json)?\s*(.*?)\s*```"
-        r"\s*<｜tool▁call▁end｜>", re.DOTALL)  # fmt: skip
+    _HEAD = re.compile(
+        r"<｜tool▁call▁begin｜>\s*function\s*<｜tool▁sep｜>([^\n]+)\n```(?:json)?\s*(?=\{)"
+    )
+    _HEAD_V31 = re.compile(r"<｜tool▁call▁begin｜>\s*([^<\n]+?)\s*<｜tool▁sep｜>")
 
-    _CALL_V31 = re.compile(r"\s*<｜tool▁call▁begin｜>\s*([^<\n]+?)\s*<｜tool▁sep｜>\s*(.*?)\s*"
-                           r"<｜tool▁call▁end｜>", re.DOTALL)  # fmt: skip
-
-    def parse_calls(self, text: str, tools: list[Tool]) -> list[ToolCall]:
+    def scan_calls(self, text: str, calls: list[PartialCall], tools: list[Tool]) -> None:
         i = _skip_ws(text, 0)
         if text.startswith(self.CALLS_BEGIN, i):
             i += len(self.CALLS_BEGIN)
-        calls = []
-        pattern = self._CALL_V31 if self.v31 else self._CALL
+        head, close = (self._HEAD_V31, self.SEP) if self.v31 else (self._HEAD, "{")
         while True:
-            m = pattern.match(text, i)
-            if m is None:
-                break
-            try:
-                calls.append(ToolCall(m.group(1).strip(), _args_text(json.loads(m.group(2)))))
-            except json.JSONDecodeError as e:
-                raise ToolSyntaxError(f"malformed JSON in a tool call: {e.msg}") from None
-            i = m.end()
-        rest = text[i:].strip()
-        if rest.startswith(self.CALLS_END):
-            rest = rest[len(self.CALLS_END) :].strip()
-        if not calls or rest:
-            raise ToolSyntaxError("malformed tool calls block")
-        return calls
+            m = _header(text, i, head, self.CALL_BEGIN, close)
+            i = _json_args(text, m.end(), calls, m.group(1).strip())
+            if not self.v31:
+                i = _lit(text, i, "```")
+            i = _lit(text, i, self.CALL_END)
+            if not _more(text, i, self.CALL_BEGIN, self.CALLS_END):
+                return
 
 
 class Glm(ToolFormat):
@@ -561,28 +811,19 @@ class FunctionaryV31(ToolFormat):
     starts = ("<function=",)
 
     def calls_rule(self, g: GrammarBuilder, tools: list[Tool], parallel: bool) -> str:
-        alts = []
-        for t in tools:
-            args = g.schema(t.schema(), f"tool-{_rule_name(t.name)}-args")
-            alts.append(g.rule(f"tool-{_rule_name(t.name)}",
-                               f'{gbnf_literal(f"<function={t.name}>")} {args} "</function>"'))  # fmt: skip
-        one = g.rule("tool-call", " | ".join(alts))
+        one = _one_call(g, tools, lambda t, args: (f"{gbnf_literal(f'<function={t.name}>')} "
+                                                   f'{args} "</function>"'))  # fmt: skip
         return g.rule("tool-calls", f"{one} (space {one})*" if parallel else one)
 
-    _CALL = re.compile(r"\s*<function=([^>]+)>")
+    _CALL = re.compile(r"<function=([^>]+)>")
 
-    def parse_calls(self, text: str, tools: list[Tool]) -> list[ToolCall]:
-        calls, i = [], 0
-        while text[i:].strip():
-            m = self._CALL.match(text, i)
-            if m is None:
-                raise ToolSyntaxError("malformed <function=...> call")
-            args, i = _json_at(text, m.end())
-            calls.append(ToolCall(m.group(1), _args_text(args)))
-            i = _expect(text, i, "</function>")
-        if not calls:
-            raise ToolSyntaxError("no tool call")
-        return calls
+    def scan_calls(self, text: str, calls: list[PartialCall], tools: list[Tool]) -> None:
+        i = 0
+        while True:
+            m = _header(text, i, self._CALL, "<function=", ">")
+            i = _lit(text, _json_args(text, m.end(), calls, m.group(1)), "</function>")
+            if not _more(text, i, "<function="):
+                return
 
 
 class Llama3(ToolFormat):
@@ -601,21 +842,192 @@ class Llama3(ToolFormat):
         j = _skip_ws(text, 0)
         return j if re.match(r'\{\s*"name"\s*:', text[j:]) else -1
 
-    def parse_calls(self, text: str, tools: list[Tool]) -> list[ToolCall]:
+    def scan_calls(self, text: str, calls: list[PartialCall], tools: list[Tool]) -> None:
         i = _skip_ws(text, 0)
         if text.startswith("<|python_tag|>", i):
             i += len("<|python_tag|>")
-        calls = []
         while True:
-            obj, i = _json_at(text, i)
-            calls.append(_call_from(obj, ("parameters", "arguments")))
-            i = _skip_ws(text, i)
+            i = _skip_ws(text, _json_call(text, i, calls, ("parameters", "arguments")))
             if i < len(text) and text[i] == ";":
                 i += 1
                 continue
             if text[i:].strip():
                 raise ToolSyntaxError("text after the tool call")
-            return calls
+            return
+
+
+class CommandR7B(ToolFormat):
+    """Command R7B: ``<|START_ACTION|>[{"tool_call_id": "0", "tool_name": NAME,
+    "parameters": {...}}, ...]<|END_ACTION|>``; reasoning between ``<|START_THINKING|>``
+    and ``<|END_THINKING|>``, the answer between ``<|START_RESPONSE|>`` and
+    ``<|END_RESPONSE|>``."""
+
+    name = "command-r7b"
+    ACTION, ACTION_END = "<|START_ACTION|>", "<|END_ACTION|>"
+    starts = (ACTION,)
+    think = ("<|START_THINKING|>", "<|END_THINKING|>")
+    dropped = ("<|START_RESPONSE|>", "<|END_RESPONSE|>")
+    markers = (*think, *dropped, ACTION, ACTION_END)
+
+    def calls_rule(self, g: GrammarBuilder, tools: list[Tool], parallel: bool) -> str:
+        alts = []
+        for t in tools:
+            props = {"tool_call_id": {"type": "string", "pattern": "^[0-9]{1,10}$"},
+                     "tool_name": {"const": t.name}, "parameters": t.schema()}  # fmt: skip
+            schema = {"type": "object", "properties": props, "required": list(props),
+                      "additionalProperties": False}  # fmt: skip
+            alts.append(g.schema(schema, f"tool-{_rule_name(t.name)}"))
+        obj = g.rule("tool-call", " | ".join(alts))
+        items = f'{obj} ("," space {obj})*' if parallel else obj
+        return g.rule("tool-calls", f'{gbnf_literal(self.ACTION)} "[" space {items} space "]" '
+                      f"{gbnf_literal(self.ACTION_END)}")  # fmt: skip
+
+    def required_root(self, g: GrammarBuilder, calls: str, think_end: str | None) -> str:
+        start, end = self.think
+        block = f"{gbnf_until(g, 'think-text', end)} {gbnf_literal(end)}"
+        if think_end is None:  # the model may still think first
+            block = f"({gbnf_literal(start)} {block})?"
+        return g.rule("reasoning-then-calls", f"{block} space {calls}")
+
+    def scan_calls(self, text: str, calls: list[PartialCall], tools: list[Tool]) -> None:
+        i = _json_call_array(text, _lit(text, 0, self.ACTION), calls, ("parameters",),
+                             name_key="tool_name", id_key="tool_call_id")  # fmt: skip
+        if text[i:].strip():
+            i = _lit(text, i, self.ACTION_END)
+        if text[i:].strip():
+            raise ToolSyntaxError("text after the tool calls")
+
+
+class Cohere2MoE(CommandR7B):
+    """Cohere2 MoE: Command R7B's calls and reasoning, the answer between
+    ``<|START_TEXT|>`` and ``<|END_TEXT|>``."""
+
+    name = "cohere2moe"
+    dropped = ("<|START_TEXT|>", "<|END_TEXT|>")
+    markers = (*CommandR7B.think, *dropped, CommandR7B.ACTION, CommandR7B.ACTION_END)
+
+
+class FunctionaryV32(ToolFormat):
+    """Functionary v3.2: the generation prompt ends with ``>>>``; each part of the reply is
+    a recipient and a new line, then ``all`` and text for the user, or a function's name
+    and its JSON arguments; every further part starts with ``>>>``."""
+
+    name = "functionary-v3.2"
+    starts = (">>>",)
+    opener = ">>>"
+    dropped = (">>>all\n",)
+    # '>>>' and a recipient that is not 'all' (and can no longer become it)
+    _START = re.compile(r">>>(?!(?:a|al|all)?$)(?!all\n)")
+    _CALL = re.compile(r">>>([^\n]+)\n")
+
+    def trigger_patterns(self, tools: list[Tool]) -> tuple[str, ...]:
+        names = "|".join(re.escape(t.name) for t in tools)
+        return (f">>>(?:{names})\n", f"^(?:{names})\n")
+
+    def calls_rule(self, g: GrammarBuilder, tools: list[Tool], parallel: bool) -> str:
+        one = _one_call(g, tools, lambda t, args: f"{gbnf_literal(t.name + chr(10))} space {args}")
+        g.rule("tool-calls-rest", f'{one} (">>>" {one})*' if parallel else one)
+        return g.rule("tool-calls", '">>>"? tool-calls-rest')
+
+    def required_root(self, g: GrammarBuilder, calls: str, think_end: str | None) -> str:
+        text = gbnf_until(g, "content-text", ">>>")
+        return g.rule("content-then-calls", f'("all\\n" {text} ">>>")? tool-calls-rest')
+
+    def find_start(self, text: str) -> int:
+        m = self._START.search(text)
+        return m.start() if m else -1
+
+    def scan_calls(self, text: str, calls: list[PartialCall], tools: list[Tool]) -> None:
+        i = 0
+        while True:
+            m = _header(text, i, self._CALL, ">>>", "\n")
+            name = m.group(1).strip()
+            if name not in {t.name for t in tools}:  # 'all' (text), or not a call
+                raise ToolSyntaxError(f"{name!r} is not one of the tools")
+            i = _json_args(text, m.end(), calls, name)
+            if not _more(text, i, ">>>"):
+                return
+
+
+class MiniMaxM2(ToolFormat):
+    """MiniMax M2: ``<minimax:tool_call>``, then per call ``<invoke name="NAME">`` and its
+    ``<parameter name="P">VALUE</parameter>`` elements (text values as they are, others as
+    JSON), ``</invoke>``, then ``</minimax:tool_call>``."""
+
+    name = "minimax-m2"
+    BEGIN, END = "<minimax:tool_call>", "</minimax:tool_call>"
+    starts = (BEGIN,)
+    _INVOKE = re.compile(r'<invoke name="([^"]+)">')
+    _PARAM = re.compile(r'<parameter name="([^"]+)">')
+
+    def calls_rule(self, g: GrammarBuilder, tools: list[Tool], parallel: bool) -> str:
+        text_value = gbnf_until(g, "minimax-arg-text", "</parameter>")
+
+        def arg(pname: str, value: str, text: bool) -> str:
+            head = gbnf_literal(f'<parameter name="{pname}">')
+            return f'{head} {text_value if text else value} "</parameter>" space'
+
+        fns = []
+        for t in tools:
+            head = gbnf_literal(f'<invoke name="{t.name}">')
+            body = _tagged_args(g, t, arg)
+            fns.append(g.rule(f"tool-{_rule_name(t.name)}", f'{head} space {body} "</invoke>"'))
+        one = g.rule("tool-call", " | ".join(fns))
+        calls = f"{one} (space {one})*" if parallel else one
+        return g.rule("tool-calls", f"{gbnf_literal(self.BEGIN)} space {calls} space "
+                      f"{gbnf_literal(self.END)}")  # fmt: skip
+
+    def scan_calls(self, text: str, calls: list[PartialCall], tools: list[Tool]) -> None:
+        by_name = {t.name: t for t in tools}
+        i = _lit(text, 0, self.BEGIN)
+        while True:
+            m = _header(text, i, self._INVOKE, '<invoke name="', ">")
+            call = PartialCall(m.group(1))
+            calls.append(call)
+            t = by_name.get(call.name)
+            props = t.schema().get("properties", {}) if t is not None else {}
+            i = _xml_args(text, m.end(), call, props, self._PARAM, '<parameter name="',
+                          "</parameter>", "</invoke>")  # fmt: skip
+            if not _more(text, i, "<invoke", self.END):
+                return
+
+
+class KimiK2(ToolFormat):
+    """Kimi K2: ``<|tool_calls_section_begin|>``, then per call ``<|tool_call_begin|>
+    functions.NAME:INDEX<|tool_call_argument_begin|>{...}<|tool_call_end|>`` (the
+    ``functions.NAME:INDEX`` text is the call's id), then ``<|tool_calls_section_end|>``."""
+
+    name = "kimi-k2"
+    SECTION, SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
+    CALL, ARGS, CALL_END = (
+        "<|tool_call_begin|>",
+        "<|tool_call_argument_begin|>",
+        "<|tool_call_end|>",
+    )
+    starts = (SECTION, CALL)
+    markers = (SECTION, SECTION_END, CALL, ARGS, CALL_END, THINK_START, THINK_END)
+    _CALL = re.compile(r"<\|tool_call_begin\|>\s*(functions\.([^:<\s]+):\d+)\s*"
+                       r"<\|tool_call_argument_begin\|>")  # fmt: skip
+
+    def calls_rule(self, g: GrammarBuilder, tools: list[Tool], parallel: bool) -> str:
+        one = _one_call(g, tools, lambda t, args: (
+            f"{gbnf_literal(f'{self.CALL}functions.{t.name}:')} [0-9]+ "
+            f"{gbnf_literal(self.ARGS)} {args} {gbnf_literal(self.CALL_END)}?"))  # fmt: skip
+        calls = f"{one} (space {one})*" if parallel else one
+        return g.rule("tool-calls", f"({gbnf_literal(self.SECTION)} space)? {calls} "
+                      f"(space {gbnf_literal(self.SECTION_END)})?")  # fmt: skip
+
+    def scan_calls(self, text: str, calls: list[PartialCall], tools: list[Tool]) -> None:
+        i = _skip_ws(text, 0)
+        if text.startswith(self.SECTION, i):
+            i += len(self.SECTION)
+        while True:
+            m = _header(text, i, self._CALL, self.CALL, self.ARGS)
+            i = _skip_ws(text, _json_args(text, m.end(), calls, m.group(2), m.group(1)))
+            if text.startswith(self.CALL_END, i):
+                i = _skip_ws(text, i + len(self.CALL_END))
+            if not _more(text, i, self.CALL, self.SECTION_END):
+                return
 
 
 GENERIC_INSTRUCTION = ("Respond in JSON format, either with `tool_call` (a request to call "
@@ -653,19 +1065,26 @@ class Generic(ToolFormat):
         return _skip_ws(text, 0) if text.strip() else -1
 
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
-        obj, i = _json_at(text, 0)
-        if text[i:].strip() or not isinstance(obj, dict):
+        obj = _decode(text.strip())
+        if not isinstance(obj, dict):
             raise ToolSyntaxError("the reply is not one JSON object")
-        if "tool_call" in obj:
-            return "", [_call_from(obj["tool_call"], ("arguments",))]
-        if "tool_calls" in obj and isinstance(obj["tool_calls"], list):
-            return "", [_call_from(c, ("arguments",)) for c in obj["tool_calls"]]
+        if "tool_call" in obj or "tool_calls" in obj:
+            return "", self.parse_calls(text, [])
         if isinstance(obj.get("response"), str):
             return obj["response"], []
         raise ToolSyntaxError("the reply has neither 'tool_call' nor 'response'")
 
-    def parse_calls(self, text: str, tools: list[Tool]) -> list[ToolCall]:
-        return self.parse(text)[1]
+    def scan_calls(self, text: str, calls: list[PartialCall], tools: list[Tool]) -> None:
+        fields, end = _object_fields(text, _skip_ws(text, 0))
+        for key, start, _ in fields:
+            if key == "tool_call":
+                _json_call(text, start, calls, ("arguments",))
+            elif key == "tool_calls":
+                _json_call_array(text, start, calls, ("arguments",))
+        if end is None:
+            raise _Unfinished
+        if text[end:].strip():
+            raise ToolSyntaxError("text after the JSON reply")
 
 
 # ---------------------------------------------------------------------------- gpt-oss
@@ -764,7 +1183,7 @@ class Harmony(ToolFormat):
             alts.append(g.rule(f"tool-{tn}", f"({role}) | ({channel})"))
         return g.rule("tool-call", " | ".join(alts))
 
-    def required_root(self, g: GrammarBuilder, calls: str, think_open: bool) -> str:
+    def required_root(self, g: GrammarBuilder, calls: str, think_end: str | None) -> str:
         body = gbnf_until(g, "harmony-text", "<|end|>")
         analysis = g.rule("harmony-analysis",
                           f'"<|channel|>analysis<|message|>" {body} "<|end|>" "{_H_START}"')  # fmt: skip
@@ -781,12 +1200,22 @@ def detect_format(source: str) -> ToolFormat:
     """The tool format of a chat template (its text)."""
     if is_harmony(source):
         return Harmony()
+    if ">>>all" in source and ">>>${recipient}" in source:
+        return FunctionaryV32()
+    if CommandR7B.ACTION in source and Cohere2MoE.dropped[0] in source:
+        return Cohere2MoE()
+    if CommandR7B.ACTION in source and CommandR7B.think[0] in source:
+        return CommandR7B()
     if "<tool_call>" in source and "<function=" in source and "<parameter=" in source:
         return Qwen3Coder()
     if "<tool_call>" in source and "<arg_key>" in source:
         return Glm()
     if "<tool_call>" in source and "<invoke name=" not in source:
         return Hermes()
+    if MiniMaxM2.BEGIN in source and "<invoke name=" in source and "]<]minimax[>[" not in source:
+        return MiniMaxM2()
+    if KimiK2.SECTION in source and KimiK2.CALL in source:
+        return KimiK2()
     if "<｜tool▁calls▁begin｜>" in source:
         return DeepSeekR1(v31="```json" not in source)
     if "<function=" in source and "</function>" in source and "<parameter=" not in source:
@@ -809,9 +1238,13 @@ class ChatPlan:
     tools: list[Tool] = field(default_factory=list)
     mode: str = "none"  # auto | required | none
     parallel: bool = False
-    reasoning: bool = True  # split <think> blocks off (reasoning_format != none)
-    legacy: bool = False  # deepseek-legacy: the <think> block also stays in the content
-    think_open: bool = False  # the prompt ends inside a <think> block
+    reasoning: bool = True  # split reasoning blocks off (reasoning_format != none)
+    legacy: bool = False  # deepseek-legacy: the reasoning block also stays in the content
+    think: tuple[str, str] = (THINK_START, THINK_END)  # the reasoning block's tags
+    think_open: bool = False  # the prompt ends inside a reasoning block
+    dropped: tuple[str, ...] = ()  # marker texts taken out of the content
+    opener: str = ""  # text a generation prompt may end with that the reply continues
+    prefix: str = ""  # ... and that this prompt ends with (read with the reply)
     grammar: str | None = None
     lazy: bool = False
     trigger_words: tuple[str, ...] = ()
@@ -822,6 +1255,12 @@ class ChatPlan:
     @property
     def active(self) -> bool:
         return self.fmt is not None
+
+    def read_prompt(self, prompt: str) -> None:
+        """What the rendered prompt implies for the reply: whether it opened a reasoning
+        block, and whether it ends with text the reply continues."""
+        self.think_open = prompt.rstrip().endswith(self.think[0])
+        self.prefix = self.opener if self.opener and prompt.endswith(self.opener) else ""
 
     def build_grammar(self) -> None:
         fmt = self.fmt
@@ -837,9 +1276,10 @@ class ChatPlan:
         if self.lazy:
             g.rule("root", calls)
             self.trigger_words = fmt.starts
-            self.trigger_patterns = fmt.patterns
+            self.trigger_patterns = fmt.trigger_patterns(self.tools)
         else:
-            g.rule("root", fmt.required_root(g, calls, self.think_open))
+            think_end = self.think[1] if self.think_open else None
+            g.rule("root", fmt.required_root(g, calls, think_end))
         self.grammar = g.grammar()
         self.preserved += tuple(s for s in fmt.starts if s.startswith(("[", "<|")))
 
@@ -847,14 +1287,20 @@ class ChatPlan:
 def plan_chat(source: str, tools: list[Tool], mode: str, *, parallel: bool,
               reasoning_format: str = "deepseek") -> ChatPlan:  # fmt: skip
     """The plan of a chat request for a template whose text is ``source`` (the prompt is
-    rendered afterwards; see :func:`system_for_generic` and :meth:`ChatPlan.build_grammar`)."""
+    rendered afterwards; see :func:`system_for_generic`, :meth:`ChatPlan.read_prompt` and
+    :meth:`ChatPlan.build_grammar`)."""
+    fmt = detect_format(source)
     plan = ChatPlan(
         reasoning=reasoning_format != "none",
         parallel=parallel,
         legacy=reasoning_format == "deepseek-legacy",
+        think=fmt.think,
+        dropped=fmt.dropped,
+        opener=fmt.opener,
+        preserved=fmt.markers,
     )
     if tools and mode != "none":
-        plan.fmt, plan.tools, plan.mode = detect_format(source), tools, mode
+        plan.fmt, plan.tools, plan.mode = fmt, tools, mode
     if is_harmony(source):
         plan.harmony, plan.preserved = True, HARMONY_TOKENS
     return plan
@@ -898,22 +1344,35 @@ def generic_messages(messages: list[dict[str, Any]], tools: list[Tool]) -> list[
 
 
 # ---------------------------------------------------------------------------- parsing
-def split_reasoning(text: str, think_open: bool) -> tuple[str, str, bool]:
+def split_reasoning(text: str, think_open: bool,
+                    tags: tuple[str, str] = (THINK_START, THINK_END)) -> tuple[str, str, bool]:  # fmt: skip
     """``(reasoning, rest, closed)`` of a reply (closed: the block has ended)."""
+    start, end = tags
     if not think_open:
         j = _skip_ws(text, 0)
-        if not text.startswith(THINK_START, j):
+        if not text.startswith(start, j):
             return "", text, True
-        text = text[j + len(THINK_START) :]
-    k = text.find(THINK_END)
+        text = text[j + len(start) :]
+    k = text.find(end)
     if k < 0:
         return text.strip(), "", False
-    return text[:k].strip(), text[k + len(THINK_END) :].lstrip(), True
+    return text[:k].strip(), text[k + len(end) :].lstrip(), True
+
+
+def _drop(text: str, markers: Sequence[str]) -> str:
+    for m in markers:
+        text = text.replace(m, "")
+    return text
 
 
 def parse_reply(text: str, plan: ChatPlan) -> Reply:
     """A finished reply's reasoning, content and tool calls (text that does not parse as
     the format's calls stays content)."""
+    return _parse(plan.prefix + text, plan)
+
+
+def _parse(text: str, plan: ChatPlan) -> Reply:
+    """:func:`parse_reply` of a reply read with the prompt's :attr:`ChatPlan.prefix`."""
     if plan.harmony:
         reply = harmony_reply(text, plan, final=True)
         for c in reply.tool_calls:
@@ -921,9 +1380,9 @@ def parse_reply(text: str, plan: ChatPlan) -> Reply:
         return reply
     reasoning = ""
     if plan.reasoning:
-        reasoning, rest, _ = split_reasoning(text, plan.think_open)
+        reasoning, rest, _ = split_reasoning(text, plan.think_open, plan.think)
         text = text if plan.legacy else rest
-    reply = Reply(text, reasoning)
+    reply = Reply(_drop(text, plan.dropped), reasoning)
     fmt = plan.fmt
     if fmt is None:
         return reply
@@ -936,11 +1395,11 @@ def parse_reply(text: str, plan: ChatPlan) -> Reply:
             reply.content = content
         else:
             calls = fmt.parse_calls(text[at:], plan.tools)
-            reply.content = text[:at].rstrip()
+            reply.content = _drop(text[:at], plan.dropped).rstrip()
     except (ToolSyntaxError, json.JSONDecodeError, KeyError):
         return reply
     for c in calls:
-        c.id = c.id or new_call_id()
+        c.id = c.id or new_call_id(fmt.id_length)
     reply.tool_calls = calls
     return reply
 
@@ -956,22 +1415,37 @@ def _held(text: str, markers: Sequence[str]) -> int:
     return best
 
 
+def _call_delta(index: int, arguments: str, call: PartialCall | None = None) -> dict[str, Any]:
+    """A streamed ``tool_calls`` delta: the first of a call carries its id and name."""
+    fn: dict[str, Any] = {"arguments": arguments}
+    out: dict[str, Any] = {"index": index}
+    if call is not None:
+        out.update(id=call.id, type="function")
+        fn = {"name": call.name, **fn}
+    out["function"] = fn
+    return {"tool_calls": [out]}
+
+
 class ReplyStream:
-    """Streamed deltas of a chat reply: ``feed(text)`` returns the ``reasoning_content``
-    and ``content`` deltas that are certain, holding back text that may still become a
-    marker; once a tool call begins the rest is kept and parsed by ``finish()``, which
-    returns the last deltas (tool calls included) and the whole :class:`Reply`."""
+    """Streamed deltas of a chat reply: ``feed(text)`` returns the ``reasoning_content``,
+    ``content`` and ``tool_calls`` deltas that are certain, holding back text that may
+    still become a marker. A call's first delta carries its id and name, the next ones
+    add to its arguments as the model writes them (the formats that define
+    :meth:`ToolFormat.scan_calls`; the others' calls come whole at the end). ``finish()``
+    returns the last deltas and the whole :class:`Reply`, which the deltas add up to."""
 
     def __init__(self, plan: ChatPlan) -> None:
         self.plan = plan
-        self.text = ""
+        self.text = plan.prefix
         self.sent_reasoning = 0  # characters of the reasoning already sent
-        self.sent_content = 0
+        self.sent_content = ""  # the content sent so far
+        self.sent_calls: list[PartialCall] = []  # the calls as far as they were sent
         self.phase = "think?" if plan.reasoning and not plan.legacy else "content"
         if self.phase == "think?" and plan.think_open:
             self.phase = "think"
-        self.think_at = 0  # where the reasoning starts in self.text
-        self.content_at = 0  # where the content starts
+        self.think_at = len(self.text)  # where the reasoning starts in self.text
+        self.content_at = len(self.text) if self.phase == "think" else 0
+        self.calls_at = -1  # where the calls start
         self._hr = self._hc = ""  # gpt-oss: the reasoning and content sent so far
 
     def feed(self, text: str) -> list[dict[str, Any]]:
@@ -979,13 +1453,14 @@ class ReplyStream:
         if self.plan.harmony:  # markers are whole special tokens: diff what is certain
             now = harmony_reply(self.text, self.plan, final=False)
             return self._diff(now.reasoning, now.content)
+        start, end_tag = self.plan.think
         out: list[dict[str, Any]] = []
         if self.phase == "think?":
             j = _skip_ws(self.text, 0)
             rest = self.text[j:]
-            if rest.startswith(THINK_START):
-                self.phase, self.think_at = "think", j + len(THINK_START)
-            elif not rest or THINK_START.startswith(rest):
+            if rest.startswith(start):
+                self.phase, self.think_at = "think", j + len(start)
+            elif not rest or start.startswith(rest):
                 return out
             else:
                 self.phase = "content"
@@ -993,8 +1468,8 @@ class ReplyStream:
             if self.sent_reasoning == 0:
                 self.think_at = _skip_ws(self.text, self.think_at)
             body = self.text[self.think_at :]
-            k = body.find(THINK_END)
-            end = k if k >= 0 else len(body) - _held(body, [THINK_END])
+            k = body.find(end_tag)
+            end = k if k >= 0 else len(body) - _held(body, [end_tag])
             new = body[self.sent_reasoning : end]
             if k >= 0:
                 new = new.rstrip()
@@ -1004,7 +1479,7 @@ class ReplyStream:
             if k < 0:
                 return out
             self.phase = "content-ws"
-            self.content_at = self.think_at + k + len(THINK_END)
+            self.content_at = self.think_at + k + len(end_tag)
         if self.phase == "content-ws":
             j = _skip_ws(self.text, self.content_at)
             if j == len(self.text):
@@ -1012,61 +1487,94 @@ class ReplyStream:
             self.content_at, self.phase = j, "content"
         if self.phase == "content":
             out += self._content()
+        if self.phase == "calls":
+            out += self._calls()
         return out
 
     def _content(self) -> list[dict[str, Any]]:
         body = self.text[self.content_at :]
-        fmt = self.plan.fmt
+        plan, fmt = self.plan, self.plan.fmt
         if fmt is None:
-            end = len(body)
-        elif isinstance(fmt, Generic):
-            return []  # one JSON object: parsed at the end
+            end = len(body) - _held(body, plan.dropped)
         else:
             at = fmt.find_start(body)
             if at >= 0:
                 end = at
-                self.phase = "calls"
+                self.phase, self.calls_at = "calls", self.content_at + at
             elif (
                 isinstance(fmt, Llama3)
-                and self.sent_content == 0
+                and not self.sent_content
                 and (not body.strip() or body.lstrip().startswith("{"))
             ):
                 return []  # may still be a whole-reply call
             else:
-                end = len(body) - _held(body, fmt.starts)
+                end = len(body) - _held(body, fmt.starts + plan.dropped)
+        if isinstance(fmt, Generic):
+            return []  # one JSON object: its response is sent at the end
+        content = _drop(body[:end], plan.dropped)
         if fmt is not None:  # blanks before a call are not content: hold them
-            end = len(body[:end].rstrip())
-        new = body[self.sent_content : end]
+            content = content.rstrip()
+        new = content[len(self.sent_content) :]
         if not new:
             return []
-        self.sent_content = end
+        self.sent_content = content
         return [{"content": new}]
+
+    def _calls(self) -> list[dict[str, Any]]:
+        fmt = self.plan.fmt
+        assert fmt is not None
+        out = []
+        calls = fmt.stream_calls(self.text[self.calls_at :], self.plan.tools)
+        for i, c in enumerate(calls):
+            if i == len(self.sent_calls):
+                c.id = c.id or new_call_id(fmt.id_length)
+                self.sent_calls.append(PartialCall(c.name, c.args, c.id))
+                out.append(_call_delta(i, c.args, c))
+                continue
+            sent = self.sent_calls[i]
+            if len(c.args) > len(sent.args) and c.args.startswith(sent.args):
+                out.append(_call_delta(i, c.args[len(sent.args) :]))
+                sent.args = c.args
+        return out
 
     def _diff(self, reasoning: str, content: str) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         if len(reasoning) > self.sent_reasoning and reasoning.startswith(self._hr):
             out.append({"reasoning_content": reasoning[self.sent_reasoning :]})
             self._hr, self.sent_reasoning = reasoning, len(reasoning)
-        if len(content) > self.sent_content and content.startswith(self._hc):
-            out.append({"content": content[self.sent_content :]})
-            self._hc, self.sent_content = content, len(content)
+        if len(content) > len(self.sent_content) and content.startswith(self._hc):
+            out.append({"content": content[len(self.sent_content) :]})
+            self._hc, self.sent_content = content, content
         return out
 
     def finish(self) -> tuple[list[dict[str, Any]], Reply]:
-        reply = parse_reply(self.text, self.plan)
+        reply = _parse(self.text, self.plan)
         if self.plan.harmony:
             out = self._diff(reply.reasoning, reply.content)
             return out + [{"tool_calls": [c.as_json(i)]}
                           for i, c in enumerate(reply.tool_calls)], reply  # fmt: skip
+        sent = self.sent_calls
+        calls = reply.tool_calls
+        agrees = len(calls) >= len(sent) and all(
+            c.name == s.name and c.arguments.startswith(s.args) for c, s in zip(calls, sent)
+        )
+        if not agrees:  # cut short inside a call: the reply is what was sent
+            calls = [ToolCall(s.name, s.args, s.id) for s in sent]
+            reply = Reply(self.sent_content, reply.reasoning, calls)
         out: list[dict[str, Any]] = []
         sent_r = self._sent_reasoning_text()
         if reply.reasoning.startswith(sent_r) and len(reply.reasoning) > len(sent_r):
             out.append({"reasoning_content": reply.reasoning[len(sent_r) :]})
-        sent_c = self.text[self.content_at : self.content_at + self.sent_content]
+        sent_c = self.sent_content
         if reply.content.startswith(sent_c) and len(reply.content) > len(sent_c):
             out.append({"content": reply.content[len(sent_c) :]})
-        for i, c in enumerate(reply.tool_calls):
-            out.append({"tool_calls": [c.as_json(i)]})
+        for i, c in enumerate(calls):
+            if i >= len(sent):
+                out.append(_call_delta(i, c.arguments, PartialCall(c.name, id=c.id)))
+                continue
+            c.id = sent[i].id
+            if len(c.arguments) > len(sent[i].args):
+                out.append(_call_delta(i, c.arguments[len(sent[i].args) :]))
         return out, reply
 
     def _sent_reasoning_text(self) -> str:

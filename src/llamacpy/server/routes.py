@@ -29,7 +29,6 @@ from ..api.serving import (
     ServingModel,
 )
 from ..api.tool_calls import (
-    THINK_START,
     ChatPlan,
     Generic,
     generic_messages,
@@ -344,7 +343,7 @@ def _prepare(
         text = _render(m, creq, plan)
         tokens = m.tokenize(text)
         if plan is not None:
-            plan.think_open = text.rstrip().endswith(THINK_START)
+            plan.read_prompt(text)
             try:
                 plan.build_grammar()
             except LlamacpyError as e:
@@ -400,7 +399,7 @@ async def _completion(request: Request, kind: str, data: dict | None = None) -> 
     timeout = min(creq.timeout or st.config.timeout, st.config.timeout)
     preserved = m.preserved_tokens(plan.preserved) if plan is not None else frozenset()
     budget = -1
-    if plan is not None and not plan.harmony and THINK_START in m.template.source:
+    if plan is not None and not plan.harmony and plan.think[0] in m.template.source:
         budget = (
             st.config.reasoning_budget if creq.reasoning_budget is None else creq.reasoning_budget
         )
@@ -419,6 +418,7 @@ async def _completion(request: Request, kind: str, data: dict | None = None) -> 
             timeout=timeout, grammar=grammar if k == 0 or grammar is None else grammar.clone(),
             preserved=preserved, reasoning_budget=budget, budget_message=message,
             think_open=plan is not None and plan.think_open,
+            think_tags=plan.think if plan is not None else CompletionOptions.think_tags,
         ))  # fmt: skip
     shaper = Shaper(
         kind, creq.model or st.model_name, prompt_texts=[t for _, t in jobs], n=creq.n,
