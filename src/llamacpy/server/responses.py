@@ -1,5 +1,6 @@
 """Response bodies with llama-server's field names: native ``/completion`` results and
-stream chunks, OpenAI completions and chat completions (whole and as chunks), SSE framing."""
+stream chunks, OpenAI completions and chat completions (whole and as chunks), Anthropic
+Messages (whole and as its stream events), SSE framing."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import time
 import uuid
 from typing import Any
 
-from ..api import openai
+from ..api import anthropic, openai
 from ..api.serving import Chunk, Final
 from ..api.tool_calls import ReplyStream, parse_reply
 
@@ -55,6 +56,7 @@ class Shaper:
         self.n_tokens: dict[int, int] = {}
         self.plan = plan  # chat: a tool_calls.ChatPlan (reasoning and tool calls split off)
         self.streams: dict[int, ReplyStream] = {}
+        self.n_prompt = 0  # the first prompt's tokens (set by the route)
 
     @property
     def count(self) -> int:
@@ -199,6 +201,10 @@ class Shaper:
         out.append(SSE_DONE)
         return out
 
+    def error(self, err: Any) -> bytes:
+        """A failure in the middle of a stream (an ``APIError``)."""
+        return sse(err.body())
+
     def last(self, final: Final) -> list[bytes]:
         """:meth:`done` and :meth:`end` of a request with one completion."""
         return self.done(final) + self.end([final])
@@ -219,6 +225,60 @@ class Shaper:
         if lp is not None:
             choice["logprobs"] = lp
         return {**self._head("chat.completion.chunk"), "choices": [choice]}
+
+
+def event(name: str, data: dict[str, Any]) -> bytes:
+    """One named server-sent event (Anthropic's stream framing)."""
+    return f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+
+
+class MessagesShaper(Shaper):
+    """Anthropic Messages: the chat reply as a Message, or as its stream events (one
+    completion: the API has no ``n``)."""
+
+    def __init__(self, model: str, **kw: Any) -> None:
+        super().__init__("chat", model, **kw)
+        self.id = anthropic.new_message_id()
+        self.events = anthropic.MessageEvents(self.id, model)
+
+    def _reason(self, final: Final, calls: bool) -> tuple[str, Any]:
+        return anthropic.stop_reason("tool_calls" if calls else final.finish_reason,
+                                     final.stopping_word)  # fmt: skip
+
+    def result(self, finals: Final | list[Final]) -> Any:
+        final = finals if isinstance(finals, Final) else finals[0]
+        msg = self._chat_choice(final)["message"]
+        blocks = anthropic.content_blocks(msg)
+        reason = self._reason(final, bool(msg.get("tool_calls")))
+        return anthropic.message(self.id, self.model, blocks, reason, final.n_prompt,
+                                 final.n_predicted)  # fmt: skip
+
+    def first(self) -> list[bytes]:
+        return [event(*e) for e in self.events.start(self.n_prompt)]
+
+    def chunk(self, ev: Chunk) -> list[bytes]:
+        stream = self._stream(ev.index)
+        assert stream is not None
+        return [event(*e) for e in self.events.deltas(stream.feed(ev.text))]
+
+    def done(self, final: Final) -> list[bytes]:
+        stream = self._stream(final.index)
+        assert stream is not None
+        deltas, reply = stream.finish()
+        out = self.events.deltas(deltas)
+        out += self.events.end(self._reason(final, bool(reply.tool_calls)), final.n_predicted)
+        return [event(*e) for e in out]
+
+    def end(self, finals: list[Final]) -> list[bytes]:
+        return []
+
+    def error(self, err: Any) -> bytes:
+        return event("error", messages_error(err.type, err.message))
+
+
+def messages_error(kind: str, message: str) -> dict[str, Any]:
+    """Anthropic's error body."""
+    return {"type": "error", "error": {"type": kind, "message": message}}
 
 
 def _merge(blocks: list[dict[str, Any]]) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Route
 
 from .. import __version__
-from ..api import infill, openai
+from ..api import anthropic, infill, openai
 from ..api.rerank import parse_rerank_request, rerank_response
 from ..api.serving import (
     CompletionOptions,
@@ -41,7 +41,7 @@ from ..errors import LlamacpyError
 from . import accesslog, metrics, slot_files, webui
 from .app import ServerState
 from .errors import APIError, bad_request
-from .responses import Shaper, sse
+from .responses import MessagesShaper, Shaper, messages_error
 from .schemas import CompletionRequest, Fields, check_tokens, parse_completion, parse_json
 from .streaming import Channel, ClientGone, EventStream, result_or_disconnect
 
@@ -371,7 +371,9 @@ def _prepare(
     return tokens, text
 
 
-async def _completion(request: Request, kind: str, data: dict | None = None) -> Response:
+async def _completion(
+    request: Request, kind: str, data: dict | None = None, api: str = "openai"
+) -> Response:
     st = _state(request)
     m = st.generator()
     if data is None:
@@ -420,11 +422,16 @@ async def _completion(request: Request, kind: str, data: dict | None = None) -> 
             think_open=plan is not None and plan.think_open,
             think_tags=plan.think if plan is not None else CompletionOptions.think_tags,
         ))  # fmt: skip
-    shaper = Shaper(
-        kind, creq.model or st.model_name, prompt_texts=[t for _, t in jobs], n=creq.n,
-        echo=creq.echo, return_tokens=creq.return_tokens, include_usage=creq.include_usage,
-        settings=_settings(m, sampling, options[0].n_predict, creq.stop, creq.stream), plan=plan,
-    )  # fmt: skip
+    if api == "anthropic":
+        shaper: Shaper = MessagesShaper(creq.model or st.model_name, plan=plan)
+    else:
+        shaper = Shaper(
+            kind, creq.model or st.model_name, prompt_texts=[t for _, t in jobs], n=creq.n,
+            echo=creq.echo, return_tokens=creq.return_tokens, include_usage=creq.include_usage,
+            settings=_settings(m, sampling, options[0].n_predict, creq.stop, creq.stream),
+            plan=plan,
+        )  # fmt: skip
+    shaper.n_prompt = len(jobs[0][0])
     channel = Channel(chunks=creq.stream)
     reqs: list[Any] = []
 
@@ -488,7 +495,7 @@ async def _stream(
                     yield b
                 return
             if isinstance(ev, Failure):
-                yield sse(_failure(ev).body())
+                yield shaper.error(_failure(ev))
                 return  # the others are aborted below
             for b in shaper.chunk(ev):
                 yield b
@@ -538,6 +545,49 @@ async def infill_route(request: Request) -> Response:
                                                         "input_extra")}  # fmt: skip
     body["prompt"] = tokens
     return await _completion(request, "native", body)
+
+
+# ---------------------------------------------------------------------- Anthropic Messages
+_MESSAGES_ERRORS = {413: "request_too_large", 500: "api_error", 503: "overloaded_error"}
+
+
+def _messages_error(e: APIError) -> Response:
+    kind = _MESSAGES_ERRORS.get(e.status, e.type)
+    return JSONResponse(messages_error(kind, e.message), status_code=e.status,
+                        headers=e.headers)  # fmt: skip
+
+
+async def _messages_body(request: Request, require_max_tokens: bool) -> dict[str, Any]:
+    try:
+        return anthropic.chat_request(await read_json(request),
+                                      require_max_tokens=require_max_tokens)  # fmt: skip
+    except LlamacpyError as e:
+        raise bad_request(str(e)) from None
+
+
+async def messages(request: Request) -> Response:
+    """``POST /v1/messages``: Anthropic's Messages API on the chat engine (see
+    :mod:`llamacpy.api.anthropic`); errors in Anthropic's shape."""
+    try:
+        return await _completion(request, "chat", await _messages_body(request, True),
+                                 api="anthropic")  # fmt: skip
+    except APIError as e:
+        return _messages_error(e)
+
+
+async def count_tokens(request: Request) -> Response:
+    """``POST /v1/messages/count_tokens``: the prompt's tokens, template and tools included."""
+    try:
+        st = _state(request)
+        m = st.generator()
+        body = await _messages_body(request, False)
+        creq = parse_completion(body, "chat", m.n_vocab)
+        plan = _chat_plan(m, creq, st.config.reasoning_format)
+        text = await run_in_threadpool(_render, m, creq, plan)
+        n = len(await run_in_threadpool(m.tokenize, text))
+    except APIError as e:
+        return _messages_error(e)
+    return JSONResponse({"input_tokens": n})
 
 
 async def v1_completions(request: Request) -> Response:
@@ -655,6 +705,8 @@ ROUTES = [
     Route("/v1/completions", v1_completions, methods=["POST"]),
     Route("/chat/completions", chat_completions, methods=["POST"]),
     Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    Route("/v1/messages", messages, methods=["POST"]),
+    Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
     Route("/tokenize", tokenize, methods=["POST"]),
     Route("/detokenize", detokenize, methods=["POST"]),
     Route("/apply-template", apply_template, methods=["POST"]),
