@@ -238,7 +238,7 @@ async def _server_error(request: Request, exc: Exception) -> Response:
 
 def create_app(state: ServerState) -> Starlette:
     """The application for ``state`` (load in the background when it has a loader)."""
-    from . import routes
+    from . import ollama, routes
 
     cfg = state.config
 
@@ -262,7 +262,7 @@ def create_app(state: ServerState) -> Starlette:
     middleware.append(Middleware(BodyLimitMiddleware, limit=cfg.max_body))
     middleware.append(Middleware(AuthMiddleware, keys=cfg.api_keys))
     app = Starlette(
-        routes=routes.ROUTES,
+        routes=routes.ROUTES + ollama.ROUTES,
         middleware=middleware,
         exception_handlers={
             APIError: _api_error,

@@ -56,7 +56,7 @@ class Shaper:
         self.n_tokens: dict[int, int] = {}
         self.plan = plan  # chat: a tool_calls.ChatPlan (reasoning and tool calls split off)
         self.streams: dict[int, ReplyStream] = {}
-        self.n_prompt = 0  # the first prompt's tokens (set by the route)
+        self.prompt_tokens: list[int] = []  # the first prompt's tokens (set by the route)
 
     @property
     def count(self) -> int:
@@ -254,7 +254,7 @@ class MessagesShaper(Shaper):
                                  final.n_predicted)  # fmt: skip
 
     def first(self) -> list[bytes]:
-        return [event(*e) for e in self.events.start(self.n_prompt)]
+        return [event(*e) for e in self.events.start(len(self.prompt_tokens))]
 
     def chunk(self, ev: Chunk) -> list[bytes]:
         stream = self._stream(ev.index)

@@ -372,8 +372,15 @@ def _prepare(
 
 
 async def _completion(
-    request: Request, kind: str, data: dict | None = None, api: str = "openai"
+    request: Request,
+    kind: str,
+    data: dict | None = None,
+    make_shaper: Any = None,
+    stream_cls: type[EventStream] = EventStream,
 ) -> Response:
+    """A completion route's work: parse, template, tokenize, submit, then stream or wait.
+    ``make_shaper(kind, model name, chat plan)`` gives another API's response shapes
+    (Anthropic, Ollama); ``stream_cls`` its stream framing."""
     st = _state(request)
     m = st.generator()
     if data is None:
@@ -422,8 +429,8 @@ async def _completion(
             think_open=plan is not None and plan.think_open,
             think_tags=plan.think if plan is not None else CompletionOptions.think_tags,
         ))  # fmt: skip
-    if api == "anthropic":
-        shaper: Shaper = MessagesShaper(creq.model or st.model_name, plan=plan)
+    if make_shaper is not None:
+        shaper: Shaper = make_shaper(kind, creq.model or st.model_name, plan)
     else:
         shaper = Shaper(
             kind, creq.model or st.model_name, prompt_texts=[t for _, t in jobs], n=creq.n,
@@ -431,7 +438,7 @@ async def _completion(
             settings=_settings(m, sampling, options[0].n_predict, creq.stop, creq.stream),
             plan=plan,
         )  # fmt: skip
-    shaper.n_prompt = len(jobs[0][0])
+    shaper.prompt_tokens = jobs[0][0]
     channel = Channel(chunks=creq.stream)
     reqs: list[Any] = []
 
@@ -455,8 +462,8 @@ async def _completion(
 
     total = shaper.count
     if creq.stream:
-        return EventStream(_stream(channel, shaper, abort, request.scope, total),
-                           on_disconnect=abort)  # fmt: skip
+        return stream_cls(_stream(channel, shaper, abort, request.scope, total),
+                          on_disconnect=abort)  # fmt: skip
     finals = await result_or_disconnect(channel, request.receive, abort, total)  # or ClientGone
     failed = next((ev for ev in finals if isinstance(ev, Failure)), None)
     if failed is not None:
@@ -570,7 +577,7 @@ async def messages(request: Request) -> Response:
     :mod:`llamacpy.api.anthropic`); errors in Anthropic's shape."""
     try:
         return await _completion(request, "chat", await _messages_body(request, True),
-                                 api="anthropic")  # fmt: skip
+                                 lambda kind, model, plan: MessagesShaper(model, plan=plan))  # fmt: skip
     except APIError as e:
         return _messages_error(e)
 
@@ -616,10 +623,6 @@ async def _embed(request: Request, oai: bool) -> Response:
     or ``base64``) and ``/embedding`` (native: ``embd_normalize``, per-token vectors when the
     pooling is ``none``), computed by :meth:`llamacpy.api.Llama.embed`."""
     st = _state(request)
-    st.ready()
-    if st.embedder is None:
-        raise APIError(501, "This server does not support embeddings. Start it with "
-                       "`--embedding`")  # fmt: skip
     data = await read_json(request)
     f = Fields(data)
     items = _embed_input(data, "input" if oai else "content")
@@ -627,17 +630,7 @@ async def _embed(request: Request, oai: bool) -> Response:
     if fmt not in ("float", "base64"):
         raise bad_request("'encoding_format' must be 'float' or 'base64'")
     norm = 2 if oai else f.int("embd_normalize", 2, -1, 1000)
-
-    def run() -> Any:
-        with st.embed_lock:
-            return st.embedder.embed(items, normalize=norm, return_count=True)
-
-    try:
-        embeds, n_tokens = await run_in_threadpool(run)
-    except NotImplementedError as e:
-        raise APIError(501, str(e)) from None
-    except (LlamacpyError, ValueError) as e:
-        raise bad_request(str(e)) from None
+    embeds, n_tokens = await _embed_items(st, items, norm)
     per_token = bool(embeds) and bool(embeds[0]) and isinstance(embeds[0][0], list)
     if not oai:
         return JSONResponse([{"index": i, "embedding": e if per_token else [e]}
@@ -648,6 +641,26 @@ async def _embed(request: Request, oai: bool) -> Response:
     if fmt == "base64":
         embeds = [base64.b64encode(np.asarray(e, "<f4").tobytes()).decode() for e in embeds]
     return JSONResponse(openai.embedding_response(embeds, st.model_name, n_tokens))
+
+
+async def _embed_items(st: ServerState, items: list[Any], normalize: int) -> tuple[list, int]:
+    """Vectors of ``items`` (strings; or token ids) and their token count (501 without
+    ``--embedding``, 400 for bad input)."""
+    st.ready()
+    if st.embedder is None:
+        raise APIError(501, "This server does not support embeddings. Start it with "
+                       "`--embedding`")  # fmt: skip
+
+    def run() -> Any:
+        with st.embed_lock:
+            return st.embedder.embed(items, normalize=normalize, return_count=True)
+
+    try:
+        return await run_in_threadpool(run)
+    except NotImplementedError as e:
+        raise APIError(501, str(e)) from None
+    except (LlamacpyError, ValueError) as e:
+        raise bad_request(str(e)) from None
 
 
 async def embedding(request: Request) -> Response:
