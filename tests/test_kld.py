@@ -214,6 +214,14 @@ def test_cli_refuses_a_bad_file_before_loading(tmp_path, capsys):
     assert code == 1 and "--kl-divergence-base" in capsys.readouterr().err
 
 
+def test_cli_refuses_an_unwritable_base_before_loading(tmp_path, capsys):
+    target = tmp_path / "no" / "base.bin"
+    code = cli.main(["perplexity", "-m", str(tmp_path / "none.gguf"), "-f", str(TEXT),
+                     "--kl-divergence-base", str(target)])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 1 and out == "" and f"cannot write {target}" in err
+
+
 def test_cli_refuses_another_vocabulary_before_computing(tmp_path, capsys):
     model = tmp_path / "tiny.gguf"
     write_tiny_llama(model, GGMLType.Q8_0, seed=FIX["seed"])  # 259 tokens

@@ -4,15 +4,22 @@ The file's text (one trailing newline removed, no escape processing) is cut into
 non-overlapping chunks of ``-c`` tokens; each chunk starts with BOS and its second half is
 scored. Progress ``[1]8.1234,[2]7.9876,...`` goes to stdout as chunks finish, followed by
 ``Final estimate: PPL = X +/- Y``; setup lines go to stderr.
+
+``--kl-divergence-base FILE`` also writes the log-probabilities in llama-perplexity's format
+(``eval/logits_file.py``; atomically). With ``--kl-divergence`` the file is read instead
+(checked whole before the model loads; its chunk size and tokens replace ``-f`` and
+``-c``'s chunking) and llama-perplexity's KL-divergence table and statistics are printed
+(``eval/kld.py``).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO, TextIO
+from typing import Any, BinaryIO
 
 from ..errors import UsageError
 from . import add_compat_args, add_context_args, context_params
@@ -40,6 +47,10 @@ def _perplexity(args: argparse.Namespace) -> int:
         except OSError as e:
             raise UsageError(f"could not open file '{args.file}' for reading: {e.strerror}") from e
         text = text[:-1] if text.endswith(b"\n") else text
+        out_dir = Path(args.kl_divergence_base or ".").resolve().parent
+        if args.kl_divergence_base and not (out_dir.is_dir() and os.access(out_dir, os.W_OK)):
+            raise UsageError(f"cannot write {args.kl_divergence_base}: {out_dir} is not a "
+                             "writable directory")  # fmt: skip
     reserve_weight_memory(args.model)
     show_compile_progress(args.command)
     from ..api.model import load_model
@@ -60,11 +71,8 @@ def _perplexity(args: argparse.Namespace) -> int:
     ctx = model.ctx
     err, out = sys.stderr, sys.stdout
 
-    def first_pass(seconds: float, n_chunk: int, n_seq: int) -> None:
-        output_begins()
-        print(f"perplexity: calculating perplexity over {n_chunk} chunks, n_ctx={n_ctx}, "
-              f"batch_size={ctx.n_batch}, n_seq={n_seq}", file=err)  # fmt: skip
-        _print_eta("perplexity", seconds, n_chunk, n_seq, err)
+    first_pass = _first_pass("perplexity: calculating perplexity", n_ctx, ctx.n_batch,
+                             output_begins)  # fmt: skip
 
     def chunk(i: int, ppl: float) -> None:
         out.write(f"[{i}]{ppl:.4f},")
@@ -89,11 +97,24 @@ def _perplexity(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_eta(name: str, seconds: float, n_chunk: int, n_seq: int, err: TextIO) -> None:
-    total = int(seconds * n_chunk / n_seq)
-    eta = f"{total // 3600} hours " if total >= 3600 else ""
-    print(f"{name}: {seconds:.2f} seconds per pass - ETA {eta}{(total % 3600) / 60.0:.2f} "
-          "minutes", file=err)  # fmt: skip
+def _first_pass(
+    what: str, n_ctx: int, n_batch: int, output_begins: Callable[[], None], then: str = ""
+) -> Callable[[float, int, int], None]:
+    """llama-perplexity's lines after the first pass: ``what`` over the chunks, the ETA (on
+    stderr), then ``then`` on stdout."""
+
+    def first_pass(seconds: float, n_chunk: int, n_seq: int) -> None:
+        output_begins()
+        name = what.split(":")[0]
+        total = int(seconds * n_chunk / n_seq)
+        eta = f"{total // 3600} hours " if total >= 3600 else ""
+        print(f"{what} over {n_chunk} chunks, n_ctx={n_ctx}, batch_size={n_batch}, "
+              f"n_seq={n_seq}\n{name}: {seconds:.2f} seconds per pass - ETA {eta}"
+              f"{(total % 3600) / 60.0:.2f} minutes", file=sys.stderr)  # fmt: skip
+        if then:
+            print(then, file=sys.stdout)
+
+    return first_pass
 
 
 def _kl_divergence(model: Any, base: Any, n_batch: int, n_seq: int,
@@ -101,14 +122,10 @@ def _kl_divergence(model: Any, base: Any, n_batch: int, n_seq: int,
     from ..eval.kld import CHUNK_HEADER, kl_divergence
 
     ctx, tok = model.ctx, model.tokenizer
-    err, out = sys.stderr, sys.stdout
+    out = sys.stdout
 
-    def first_pass(seconds: float, n_chunk: int, n_seq: int) -> None:
-        output_begins()
-        print(f"kl_divergence: computing over {n_chunk} chunks, n_ctx={base.n_ctx}, "
-              f"batch_size={n_batch}, n_seq={n_seq}", file=err)  # fmt: skip
-        _print_eta("kl_divergence", seconds, n_chunk, n_seq, err)
-        print(f"\n{CHUNK_HEADER}", file=out)
+    first_pass = _first_pass("kl_divergence: computing", base.n_ctx, n_batch, output_begins,
+                             f"\n{CHUNK_HEADER}")  # fmt: skip
 
     def chunk(i: int, stats: Any) -> None:
         print(stats.chunk_line(i), file=out, flush=True)
