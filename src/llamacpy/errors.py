@@ -56,3 +56,13 @@ class RegistryError(LlamacpyError):
 
 class UsageError(LlamacpyError):
     """A command-line or API argument is invalid."""
+
+
+class LogitsFileError(LlamacpyError):
+    """A log-probabilities file (llama-perplexity's ``--kl-divergence-base``) is malformed,
+    truncated, or does not fit the model; ``str()`` names the file, the field and the byte
+    offset."""
+
+    def __init__(self, message: str, *, path: str, field: str, offset: int) -> None:
+        self.message, self.path, self.field, self.offset = message, path, field, offset
+        super().__init__(f"{path}: {message} (field {field}, at byte offset {offset})")

@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from ..engine import Batch
 from ..errors import UsageError
+from .logits_file import LogitsWriter
 
 
 @dataclass
@@ -49,6 +50,53 @@ def n_seq_for(n_ctx: int, n_batch: int) -> int:
     return max(1, n_batch // n_ctx)
 
 
+def eval_chunks(
+    ctx: Any,
+    tokens: np.ndarray,
+    *,
+    n_ctx: int,
+    n_batch: int,
+    n_seq: int,
+    n_chunk: int,
+    bos: int | None,
+    on_first_pass: Callable[[float, int, int], None] | None = None,
+) -> Iterator[tuple[int, np.ndarray]]:
+    """llama-perplexity's evaluation loop: chunks of ``n_ctx`` tokens, ``n_seq`` side by
+    side as separate sequences, ``n_batch`` tokens of each per decode, the first token of
+    each chunk replaced by ``bos`` (when not None). Yields ``(chunk, logits)`` with the
+    logits of positions ``n_ctx/2 .. n_ctx-2`` (the rows that predict the scored tokens)."""
+    first = n_ctx // 2
+    num_batches = (n_ctx + n_batch - 1) // n_batch
+    for i in range(0, n_chunk, n_seq):
+        start = i * n_ctx
+        n_seq_batch = min(n_seq, n_chunk - i)
+        t0 = time.perf_counter()
+        ctx.clear()
+        rows: list[list[np.ndarray]] = [[] for _ in range(n_seq_batch)]
+        for j in range(num_batches):
+            batch_start = start + j * n_batch
+            batch_size = min(start + n_ctx - batch_start, n_batch)
+            batch = Batch()
+            for seq in range(n_seq_batch):
+                seq_start = batch_start + seq * n_ctx
+                for k in range(batch_size):
+                    tok = tokens[seq_start + k]
+                    if bos is not None and j == 0 and k == 0:
+                        tok = bos
+                    pos = j * n_batch + k
+                    batch.add(int(tok), pos, seq, pos >= first)
+            out = ctx.decode(batch)
+            # outputs come in batch order: sequence by sequence
+            per_seq = batch.n_outputs // n_seq_batch
+            for seq in range(n_seq_batch):
+                if per_seq:
+                    rows[seq].append(out[seq * per_seq : (seq + 1) * per_seq])
+        if i == 0 and on_first_pass is not None:
+            on_first_pass(time.perf_counter() - t0, n_chunk, n_seq)
+        for seq in range(n_seq_batch):
+            yield i + seq, np.concatenate(rows[seq])[: n_ctx - 1 - first]
+
+
 def perplexity(
     ctx: Any,
     tokenizer: Any,
@@ -59,12 +107,15 @@ def perplexity(
     n_chunks: int = -1,
     on_chunk: Callable[[int, float], None] | None = None,
     on_first_pass: Callable[[float, int, int], None] | None = None,
+    logits_out: BinaryIO | None = None,
 ) -> PerplexityResult:
     """Run llama-perplexity's method on ``text`` with an engine context whose sequences
     hold ``n_ctx`` tokens each (``ctx.n_ctx >= n_seq * n_ctx``, ``ctx.n_seq_max >= n_seq``).
 
     ``on_chunk(i, running_ppl)`` is called after each chunk (1-based ``i``);
-    ``on_first_pass(seconds, n_chunks, n_seq)`` after the first pass.
+    ``on_first_pass(seconds, n_chunk, n_seq)`` after the first pass. With ``logits_out``
+    the log-probabilities are written to it in llama-perplexity's ``--kl-divergence-base``
+    format (``eval/logits_file.py``), and the scores are the writer's float32 ones.
     """
     if n_ctx <= 0 or n_ctx % 2:
         raise UsageError(f"perplexity needs a positive, even context size, not {n_ctx}")
@@ -84,53 +135,32 @@ def perplexity(
     n_chunk = n_chunk_max if n_chunks < 0 else min(n_chunks, n_chunk_max)
     if n_chunk == 0:
         raise UsageError("--chunks 0: nothing to evaluate")
-    add_bos = bool(tokenizer.add_bos)
-    bos = tokenizer.bos
+    writer = None if logits_out is None else LogitsWriter(logits_out, n_ctx, n_chunk, tokens)
     first = n_ctx // 2
-    num_batches = (n_ctx + n_batch - 1) // n_batch
     nll = nll2 = 0.0
     count = 0
     running: list[float] = []
     seconds = 0.0
-    for i in range(0, n_chunk, n_seq):
-        start = i * n_ctx
-        n_seq_batch = min(n_seq, n_chunk - i)
-        t0 = time.perf_counter()
-        ctx.clear()
-        rows: list[list[np.ndarray]] = [[] for _ in range(n_seq_batch)]
-        for j in range(num_batches):
-            batch_start = start + j * n_batch
-            batch_size = min(start + n_ctx - batch_start, n_batch)
-            batch = Batch()
-            for seq in range(n_seq_batch):
-                seq_start = batch_start + seq * n_ctx
-                for k in range(batch_size):
-                    tok = tokens[seq_start + k]
-                    if add_bos and j == 0 and k == 0:
-                        tok = bos
-                    pos = j * n_batch + k
-                    batch.add(int(tok), pos, seq, pos >= first)
-            out = ctx.decode(batch)
-            # outputs come in batch order: sequence by sequence
-            per_seq = batch.n_outputs // n_seq_batch
-            for seq in range(n_seq_batch):
-                if per_seq:
-                    rows[seq].append(out[seq * per_seq : (seq + 1) * per_seq])
-        if i == 0:
-            seconds = time.perf_counter() - t0
-            if on_first_pass is not None:
-                on_first_pass(seconds, n_chunk, n_seq)
-        for seq in range(n_seq_batch):
-            logits = np.concatenate(rows[seq])[: n_ctx - 1 - first]
-            base = start + seq * n_ctx + first
-            targets = tokens[base + 1 : base + n_ctx - first]
-            v = chunk_nll(logits, targets)
-            nll += float(v.sum())
-            nll2 += float((v * v).sum())
-            count += len(v)
-            running.append(math.exp(nll / count))
-            if on_chunk is not None:
-                on_chunk(i + seq + 1, running[-1])
+
+    def first_pass(s: float, n_chunk: int, n_seq: int) -> None:
+        nonlocal seconds
+        seconds = s
+        if on_first_pass is not None:
+            on_first_pass(s, n_chunk, n_seq)
+
+    bos = tokenizer.bos if tokenizer.add_bos else None
+    for c, logits in eval_chunks(ctx, tokens, n_ctx=n_ctx, n_batch=n_batch, n_seq=n_seq,
+                                 n_chunk=n_chunk, bos=bos, on_first_pass=first_pass):  # fmt: skip
+        base = c * n_ctx + first
+        targets = tokens[base + 1 : base + n_ctx - first]
+        v = chunk_nll(logits, targets) if writer is None else writer.chunk(logits, targets)
+        v = v.astype(np.float64)
+        nll += float(v.sum())
+        nll2 += float((v * v).sum())
+        count += len(v)
+        running.append(math.exp(nll / count))
+        if on_chunk is not None:
+            on_chunk(c + 1, running[-1])
     mean, mean2 = nll / count, nll2 / count
     ppl = math.exp(mean)
     var = mean2 - mean * mean
