@@ -81,6 +81,7 @@ class ServerState:
         self.config = config
         self.model = model
         self.embedder = embedder
+        self.responses_store: Any = None  # /v1/responses kept for previous_response_id
         self.loader = loader
         self.loading = loader is not None
         self.load_error: str | None = None
@@ -238,7 +239,7 @@ async def _server_error(request: Request, exc: Exception) -> Response:
 
 def create_app(state: ServerState) -> Starlette:
     """The application for ``state`` (load in the background when it has a loader)."""
-    from . import ollama, routes
+    from . import ollama, openai_responses, routes
 
     cfg = state.config
 
@@ -262,7 +263,7 @@ def create_app(state: ServerState) -> Starlette:
     middleware.append(Middleware(BodyLimitMiddleware, limit=cfg.max_body))
     middleware.append(Middleware(AuthMiddleware, keys=cfg.api_keys))
     app = Starlette(
-        routes=routes.ROUTES + ollama.ROUTES,
+        routes=routes.ROUTES + ollama.ROUTES + openai_responses.ROUTES,
         middleware=middleware,
         exception_handlers={
             APIError: _api_error,
