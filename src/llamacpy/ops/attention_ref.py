@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+
 import numpy as np
 
 from .activations import exp_ggml_numpy
@@ -138,9 +141,18 @@ def attention_numpy(
     return out
 
 
+_LIBM = ctypes.CDLL(ctypes.util.find_library("m"))
+_LIBM.tanhf.restype, _LIBM.tanhf.argtypes = ctypes.c_float, [ctypes.c_float]
+# the C library's tanhf, as ggml and the compiled kernels call it (numpy's float32 tanh may
+# differ by an ulp, and an ulp decides which branch of the online softmax a score takes)
+_tanhf = np.frompyfunc(lambda x: _F32(_LIBM.tanhf(float(x))), 1, 1)
+
+
 def _capped(s, cap):
-    """``cap * tanh(s)`` in float32 (``s`` as is without a cap)."""
-    return (np.tanh(s) * cap).astype(_F32) if cap != 0 else s
+    """``cap * tanhf(s)`` in float32 (``s`` as is without a cap)."""
+    if cap == 0:
+        return s
+    return (np.asarray(_tanhf(s), _F32) * cap).astype(_F32)
 
 
 def _row(q, keys, vals, mask, a, b, scale, v_type, cap):
