@@ -12,8 +12,9 @@ continuation of ``prompt``. Cases: ``qwen2``, ``qwen3``, ``phi3`` (context 256: 
 factors; ``phi3_long``: the same file in a context of 512, above the original context of
 256, so the long factors; llama.cpp rounds contexts up to multiples of 256 before it
 chooses), ``llama_swa`` (a llama file with ``llama.attention.sliding_window`` = 4),
-``smollm3``, ``qwen3moe`` (4 experts, 2 used), ``mixtral`` (a llama file with 4 experts) and
-``gpt-oss``. ``--cases A,B`` recomputes those cases only and keeps the others' fixtures.
+``smollm3``, ``qwen3moe`` (4 experts, 2 used), ``mixtral`` (a llama file with 4 experts),
+``gpt-oss``, ``gemma2`` (attention and final logit soft-caps, even layers sliding-window)
+``olmo2`` and ``olmo2_swa`` (OLMo 3's sliding-window layers, YaRN on the global one). ``--cases A,B`` recomputes those cases only and keeps the others' fixtures.
 
 The oracle runs in a subprocess (``--oracle-py``, the llama-cpp-python interpreter); the
 tests never need it.

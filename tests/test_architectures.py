@@ -8,7 +8,7 @@ with llama.cpp.
   forward, a batch of two sequences == each alone, ``seq_rm`` + re-decode == the first pass.
   Encoders (bert): embedding shapes, two sequences in one batch == each alone.
 * the cases of ``tiny.LLAMA_CPP_CASES`` (qwen2, qwen3, phi3 with short and long rope
-  factors, smollm3, qwen3moe, gpt-oss, a llama file with experts (Mixtral), a llama file with
+  factors, smollm3, qwen3moe, gpt-oss, gemma2 (attention and final soft-caps), olmo2, a llama file with experts (Mixtral), a llama file with
   ``llama.attention.sliding_window``: llama.cpp ignores the key for ``llama``, so do we) vs llama.cpp's logits and greedy continuations (``tests/fixtures/engine/arch_logits.npz``,
   ``scripts/make_arch_fixtures.py``).
 * An unknown ``general.architecture`` is an error listing the supported ones.
@@ -203,8 +203,8 @@ def test_matches_llama_cpp(model_dir: Path, case: str, t: GGMLType) -> None:
     key = f"{case}.{t.name}"
     assert hashlib.sha256(path.read_bytes()).hexdigest() == str(FIX[f"{key}.sha256"])
     ctx = Context(path, _params(n_ctx=n_ctx))
-    if opts.get("sliding_window"):
-        assert ctx.model.n_swa == 0  # llama.cpp ignores the key for llama files
+    if opts.get("sliding_window"):  # llama.cpp ignores the key for llama files
+        assert ctx.model.n_swa == (0 if arch == "llama" else opts["sliding_window"])
     got = ctx.decode(Batch.from_tokens(TOKENS, logits="all"))
     want = FIX[f"{key}.logits"]
     scale = float(np.abs(want).max())
@@ -298,3 +298,77 @@ def test_gpt_oss_missing_or_misshapen_tensor_is_named(model_dir: Path, edit, mat
             check_model(mf.metadata, shapes)
     finally:
         mf.close()
+
+
+@pytest.mark.parametrize(
+    ("arch", "edit", "match"),
+    [
+        ("olmo2", {"blk.1.attn_q_norm.weight": (64,)}, "'blk.1.attn_q_norm.weight' has shape"),
+        ("olmo2", {"blk.0.attn_k_norm.weight": (256,)}, "'blk.0.attn_k_norm.weight' has shape"),
+        ("olmo2", {"blk.0.post_ffw_norm.weight": None}, "'blk.0.post_ffw_norm.weight' is missing"),
+        ("gemma2", {"blk.1.post_attention_norm.weight": None}, "post_attention_norm.weight' is"),
+        ("gemma2", {"blk.0.attn_q_norm.weight": (64,)}, "'blk.0.attn_q_norm.weight': this"),
+    ],
+)
+def test_dense_missing_or_misshapen_tensor_is_named(model_dir: Path, arch, edit, match) -> None:
+    """An olmo2 / gemma2 file without one of its norms, with a norm of the wrong size
+    (olmo2's Q/K norms span the whole projections, not a head), or with a tensor of
+    another variant, is refused naming the tensor."""
+    from llamacpy.models import check_model
+    from llamacpy.models.weights import model_file
+
+    mf = model_file(tiny(model_dir, arch, GGMLType.F32))
+    try:
+        shapes = {t.name: t.shape for t in mf.tensors}
+        check_model(mf.metadata, shapes)  # the file as is
+        edited = {k: v for k, v in (shapes | edit).items() if v is not None}
+        with pytest.raises(ModelError, match=match):
+            check_model(mf.metadata, edited)
+    finally:
+        mf.close()
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "match"),
+    [
+        ("gemma2.attn_logit_softcapping", -1.0, "'gemma2.attn_logit_softcapping' has invalid"),
+        ("gemma2.final_logit_softcapping", "x", "'gemma2.final_logit_softcapping' must be a"),
+        ("gemma2.attention.sliding_window", 0, "'gemma2.attention.sliding_window' has invalid"),
+    ],
+)
+def test_gemma2_bad_key_is_named(model_dir: Path, key, value, match) -> None:
+    """gemma2's own keys are checked: the soft-caps are numbers >= 0, the window >= 1."""
+    from llamacpy.models import check_model
+    from llamacpy.models.weights import model_file
+
+    mf = model_file(tiny(model_dir, "gemma2", GGMLType.F32))
+    try:
+        shapes = {t.name: t.shape for t in mf.tensors}
+        with pytest.raises(ModelError, match=match):
+            check_model({**mf.metadata, key: value}, shapes)
+    finally:
+        mf.close()
+
+
+def test_gemma2_defaults_follow_llama_cpp(model_dir: Path) -> None:
+    """Without its keys a gemma2 file gets llama.cpp's defaults: a window of 4096 with even
+    layers local, attention scores capped at 50 and logits at 30; the local layers' rope
+    base is the file's ``rope.freq_base_swa``, the global ones' the context's."""
+    mf_path = tiny(model_dir, "gemma2", GGMLType.F32)
+    m = load_model(mf_path)
+    assert (m.attn_logit_softcap(), m.logit_softcap()) == (1.0, 3.0)  # the tiny file's
+    assert m.layer_swa == (True, False) and m.n_swa == 4
+    assert (m.rope_swa.freq_base, m.rope.freq_base) == (1000.0, 10000.0)
+    from llamacpy.models import check_model
+    from llamacpy.models.weights import model_file
+
+    mf = model_file(mf_path)
+    try:
+        md = {k: v for k, v in mf.metadata.items() if "softcapping" not in k}
+        md = {k: v for k, v in md.items() if not k.endswith(".sliding_window")}
+        hp = check_model(md, {t.name: t.shape for t in mf.tensors})
+    finally:
+        mf.close()
+    assert hp.n_swa == 4096
+    assert hp.extra["attn_logit_softcapping"] == 50.0
+    assert hp.extra["final_logit_softcapping"] == 30.0

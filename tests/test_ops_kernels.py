@@ -88,13 +88,16 @@ def _cache(rng, kv_type: int, n_kv: int, hd: int, nkv: int):
 
 @pytest.mark.parametrize("kv_type", [KV_F16, KV_F32, KV_Q8_0], ids=["f16", "f32", "q8_0"])
 @pytest.mark.parametrize("mode", [0, 1, 2], ids=["rows", "tiled", "split"])
-@pytest.mark.parametrize("sinks", [False, True], ids=["", "sinks"])
-def test_attention_matches_twin(kv_type: int, mode: int, sinks: bool) -> None:
+@pytest.mark.parametrize("variant", ["", "sinks", "softcap"])
+def test_attention_matches_twin(kv_type: int, mode: int, variant: str) -> None:
     """Every regime equals its numpy twin; with attention sinks (one score per head, some
-    above every cell's score so that the sink rescales the accumulator, some below)."""
+    above every cell's score so that the sink rescales the accumulator, some below); with
+    the scores soft-capped (gemma2's ``c * tanh(s / c)``, a cap of 1.5 that bends them: the
+    result differs from the uncapped one)."""
     if mode and kv_type == KV_Q8_0:
         pytest.skip("the tiled and split paths are for f16/f32 caches (as in ggml)")
     rng = np.random.default_rng(6)
+    sinks, cap = variant == "sinks", F32(1.5 if variant == "softcap" else 0.0)
     sk = np.array([-2.0, 0.5, 2.5, 4.0], F32) if sinks else np.zeros(0, F32)
     nh, nkv, hd, n_kv = 4, 2, 64, (96, 200, 600)[mode]
     # tiled: 150 rows (blocks of 16, 32 or 64 rows with a short last one; pairs and singles)
@@ -119,7 +122,13 @@ def test_attention_matches_twin(kv_type: int, mode: int, sinks: bool) -> None:
         nth,
         F32(0.125),
         sk if sinks else None,
+        cap,
     )
+    if cap:
+        uncapped = AR.attention_numpy(
+            q.reshape(n, nh, hd), keys, vals, mask, kv_type, kv_type, mode, nth, F32(0.125)
+        )
+        assert np.abs(uncapped - want).max() > 0.02
     out = np.zeros((n, nh * hd), F32)
     qv, qq, vb, res = (
         np.zeros(hd, F32),
@@ -132,8 +141,9 @@ def test_attention_matches_twin(kv_type: int, mode: int, sinks: bool) -> None:
     kv = (kc.reshape(-1), vc.reshape(-1), 0, n_kv * rb)  # flat caches, layer base, head stride
     if mode == 0:
         attention.attention_rows(
-            0, 1, n, n_kv, *args, kv_type, rb, q, *kv, mask, NO_ORDER, out, qv, qq, vb, res, sk
-        )
+            0, 1, n, n_kv, *args, kv_type, rb, q, *kv, mask, NO_ORDER, out, qv, qq, vb, res, sk,
+            cap,
+        )  # fmt: skip
     elif mode == 1:  # softmax states for one query head at a time, the group, blocks of 16
         # to 64 rows; query rows one at a time, then in pairs (score scratch for two): the
         # same bits every way
@@ -157,6 +167,7 @@ def test_attention_matches_twin(kv_type: int, mode: int, sinks: bool) -> None:
                     np.zeros(n_scores, F32),
                     np.zeros(n_states, F32),
                     sk,
+                    cap,
                 )
                 np.testing.assert_allclose(out.reshape(n, nh, hd), want, rtol=0, atol=1e-5)
                 first = out.copy() if first is None else first
@@ -170,7 +181,7 @@ def test_attention_matches_twin(kv_type: int, mode: int, sinks: bool) -> None:
         for tid in range(nth):
             attention.attention_split_partial(
                 tid, nth, n_kv, *args, kv_type, rb, q, *kv, mask, NO_ORDER, qv, qq, vb, res, pm,
-                ps, pv, sk,
+                ps, pv, sk, 0, cap,
             )  # fmt: skip
         for tid in range(nth):
             attention.attention_split_merge(tid, nth, nh, hd, pm, ps, pv, out, res)

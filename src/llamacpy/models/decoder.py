@@ -123,6 +123,10 @@ class Decoder:
         """Logits -> c * tanh(logits / c) when c > 0."""
         return 0.0
 
+    def attn_logit_softcap(self) -> float:
+        """Attention scores -> c * tanh(scores / c) when c > 0."""
+        return 0.0
+
     def swa_layers(self, md: Mapping[str, Any]) -> tuple[bool, ...]:
         """Per layer: attends through the sliding window (``n_swa``)."""
         return (False,) * self.hparams.n_layer
@@ -284,6 +288,7 @@ class Decoder:
             int(self.expert_weights_norm), self.expert_gating, self.expert_act,
             *(hp.extra.get(k, 0) for k in SSM_KEYS), hp.norm_rms_eps, kq_scale, q_scale,
             self.embd_scale(), self.logit_softcap(), self.expert_weights_scale,
+            self.attn_logit_softcap(),
         )  # fmt: skip
         self.model_row = m
         self.rope_arr = np.stack([self.rope.packed(), self.rope_swa.packed()])

@@ -84,11 +84,16 @@ class Gemma3Model(Decoder):
 
 
 def swa_layers(
-    md: Mapping[str, Any], arch: str, n_layer: int, default: int = DEFAULT_SWA_PATTERN
+    md: Mapping[str, Any],
+    arch: str,
+    n_layer: int,
+    default: int = DEFAULT_SWA_PATTERN,
+    always: bool = False,
 ) -> tuple[bool, ...]:
     """Which layers use the sliding window (llama.cpp's ``load_swa_pattern``; ``default``: the
-    architecture's pattern when the file has none)."""
-    if int(md.get(f"{arch}.attention.sliding_window", 0) or 0) <= 0:
+    architecture's pattern when the file has none). Without ``always`` there are none unless
+    the file gives a window (``attention.sliding_window`` > 0)."""
+    if not always and int(md.get(f"{arch}.attention.sliding_window", 0) or 0) <= 0:
         return (False,) * n_layer
     key = f"{arch}.attention.sliding_window_pattern"
     pat = md.get(key, default)

@@ -222,6 +222,11 @@ def attn_norm(r: Reference, p: Pass, L) -> None:
     p.h = r.norm(p.x, L["attn_norm"])
 
 
+def attn_in(r: Reference, p: Pass, L) -> None:
+    """``h = x`` (no pre-attention norm)."""
+    p.h = p.x
+
+
 def qkv(r: Reference, p: Pass, L) -> None:
     """``q, k, v = h . attn_q, h . attn_k, h . attn_v``."""
     p.q, p.k, p.v = (r.mm(L[name], p.h) for name in ("attn_q", "attn_k", "attn_v"))
@@ -240,6 +245,11 @@ def qk_norm(r: Reference, p: Pass, L) -> None:
     d = int(r.M["head_dim"])
     p.q = r.norm(_heads(p.q, d), L["attn_q_norm"]).reshape(p.q.shape)
     p.k = r.norm(_heads(p.k, d), L["attn_k_norm"]).reshape(p.k.shape)
+
+
+def qk_norm_full(r: Reference, p: Pass, L) -> None:
+    """``rms_norm(q) * attn_q_norm``, ``rms_norm(k) * attn_k_norm`` over whole rows."""
+    p.q, p.k = r.norm(p.q, L["attn_q_norm"]), r.norm(p.k, L["attn_k_norm"])
 
 
 def rope(r: Reference, p: Pass, L) -> None:
@@ -289,7 +299,7 @@ def attention(r: Reference, p: Pass, L) -> None:
     sinks = r.vec(L["attn_sinks"], int(r.M["n_head"])) if L["attn_sinks"] >= 0 else None
     att = attention_numpy(
         _heads(p.q, d), keys, vals, mask, p.k_type, p.v_type, part.mode, p.n_threads,
-        r.M["kq_scale"], sinks,
+        r.M["kq_scale"], sinks, r.M["attn_softcap"],
     )  # fmt: skip
     p.att = att.reshape(len(att), -1)
     rv = rotations(p.k_type, p.v_type, d)[1]
@@ -323,6 +333,11 @@ def out_rows(r: Reference, p: Pass, L) -> None:
 def ffn_norm(r: Reference, p: Pass, L) -> None:
     """``h = rms_norm(x) * ffn_norm``."""
     p.h = r.norm(p.x, L["ffn_norm"])
+
+
+def ffn_in(r: Reference, p: Pass, L) -> None:
+    """``h = x`` (no pre-FFN norm)."""
+    p.h = p.x
 
 
 def ffn_post_attn_norm(r: Reference, p: Pass, L) -> None:
@@ -513,9 +528,11 @@ STAGES: dict[str, Stage] = {
     fn.__name__: fn
     for fn in (
         attn_norm,
+        attn_in,
         qkv,
         qkv_bias,
         qk_norm,
+        qk_norm_full,
         rope,
         scale_q,
         kv_store,
@@ -525,6 +542,7 @@ STAGES: dict[str, Stage] = {
         out_proj_bias,
         out_rows,
         ffn_norm,
+        ffn_in,
         ffn_post_attn_norm,
         ffn_swiglu,
         ffn_geglu,

@@ -155,6 +155,7 @@ MODEL_DTYPE = np.dtype(
         ("embd_scale", np.float32),  # token embeddings are multiplied by this
         ("softcap", np.float32),  # logits -> c * tanh(logits / c) when c > 0
         ("expert_scale", np.float32),  # experts' weights are multiplied by this (0, 1: not)
+        ("attn_softcap", np.float32),  # attention scores -> c * tanh(s / c) when c > 0
     ]
 )
 # Per worker: rows the stages work on (the last layer's FFN runs on the output rows only)
@@ -320,6 +321,12 @@ def attn_norm(c, L, clk):
 
 
 @njit(cache=True)
+def attn_in(c, L, clk):
+    """``h = x`` quantized for q/k/v (a block without a pre-attention norm: olmo2)."""
+    return _quantize_in(c, c.X, c.M.n_embd, L.need_qkv, P_NORM, clk)
+
+
+@njit(cache=True)
 def qkv(c, L, clk):
     """``q, k, v = h . attn_q, h . attn_k, h . attn_v``."""
     _mm(c, L.attn_q, c.Q, False)
@@ -357,6 +364,19 @@ def qk_norm(c, L, clk):
     for t in range(t0, t1):
         head_rms_norm(c.Q, t, 0, M.n_head, hd, c.NF[qn : qn + hd], M.eps)
         head_rms_norm(c.KN, t, 0, M.n_head_kv, hd, c.NF[kn : kn + hd], M.eps)
+    return clk
+
+
+@njit(cache=True)
+def qk_norm_full(c, L, clk):
+    """``rms_norm(q) * attn_q_norm``, ``rms_norm(k) * attn_k_norm`` over all heads of a
+    token at once (olmo2's norms of the whole projections, not per head)."""
+    M = c.M
+    qd, kd = M.n_head * M.head_dim, M.n_head_kv * M.head_dim
+    qn, kn = L.attn_q_norm, L.attn_k_norm
+    t0, t1 = _token_rows(c)
+    rms_norm(c.Q, t0, t1, qd, c.NF[qn : qn + qd], M.eps, c.Q)
+    rms_norm(c.KN, t0, t1, kd, c.NF[kn : kn + kd], M.eps, c.KN)
     return clk
 
 
@@ -420,7 +440,8 @@ def _layer_base(c, L, kv):
 @njit(cache=True)
 def attention(c, L, clk):
     """``att = softmax(q . K^T * kq_scale + mask) . V`` over the cached cells the layer may
-    see (sliding-window layers: their own cache and mask)."""
+    see (sliding-window layers: their own cache and mask); with ``attn_softcap`` c > 0 the
+    scores are ``c * tanh(q . K^T * kq_scale / c)`` before the mask (gemma2)."""
     kv = c.kv_swa if L.swa != 0 else c.kv
     gqa = c.M.n_head // c.M.n_head_kv
     sk = L.attn_sinks
@@ -497,6 +518,12 @@ def out_rows(c, L, clk):
 def ffn_norm(c, L, clk):
     """``h = rms_norm(x) * ffn_norm``, quantized for gate/up."""
     return _norm_in(c, c.X, L.ffn_norm, L.need_ffn, clk)
+
+
+@njit(cache=True)
+def ffn_in(c, L, clk):
+    """``h = x`` quantized for gate/up (a block without a pre-FFN norm: olmo2)."""
+    return _quantize_in(c, c.X, c.M.n_embd, L.need_ffn, P_NORM, clk)
 
 
 @njit(cache=True)
@@ -933,7 +960,7 @@ def _attention(c, kv, lbase, gqa, sinks):
     M = c.M
     tid, nth = c.tid, c.nth
     _rc, qv, qq, vbuf, res, kt, vt, pt, st, pm, ps, pv, tmp = c.TS
-    hd, kq = M.head_dim, M.kq_scale
+    hd, kq, cap = M.head_dim, M.kq_scale, M.attn_softcap
     if kv.mode == MODE_SPLIT:  # decode over a long cache: one chunk of cells per thread
         # (several rows: each as its own one-token decode, the verification of proposed
         # tokens with single-token numerics)
@@ -943,7 +970,7 @@ def _attention(c, kv, lbase, gqa, sinks):
             attention_split_partial(
                 tid, nth, kv.n_kv, M.n_head, gqa, hd, kq, c.k_type, c.v_type, c.rowb, c.Q,
                 kv.KC, kv.VC, lbase, kv.hstride, kv.mask, kv.order, qv[tid], qq[tid],
-                vbuf[tid], res[tid], pm, ps, pv, sinks, t,
+                vbuf[tid], res[tid], pm, ps, pv, sinks, t, cap,
             )  # fmt: skip
             barrier(c.bar, nth)
             attention_split_merge(tid, nth, M.n_head, hd, pm, ps, pv, c.ATT, tmp[tid], t)
@@ -951,11 +978,11 @@ def _attention(c, kv, lbase, gqa, sinks):
         attention_rows(
             tid, nth, c.n_tok, kv.n_kv, M.n_head, gqa, hd, kq, c.k_type, c.v_type, c.rowb,
             c.Q, kv.KC, kv.VC, lbase, kv.hstride, kv.mask, kv.order, c.ATT, qv[tid], qq[tid],
-            vbuf[tid], res[tid], sinks,
+            vbuf[tid], res[tid], sinks, cap,
         )  # fmt: skip
     else:
         attention_tiled(
             tid, nth, c.n_tok, kv.n_kv, M.n_head, gqa, hd, kq, c.k_type, c.v_type, c.rowb, c.Q,
             kv.KC, kv.VC, lbase, kv.hstride, kv.mask, c.ATT, kt[tid], vt[tid], pt[tid], st[tid],
-            sinks,
+            sinks, cap,
         )  # fmt: skip

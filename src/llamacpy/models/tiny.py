@@ -7,7 +7,10 @@ llama.cpp loads it too. ``arch`` picks a variant of the same decoder: ``qwen2`` 
 biases), ``qwen3`` (per-head Q/K norms, head size 32 != n_embd/n_head), ``phi3`` (fused
 ``attn_qkv`` and gate|up ``ffn_up``, ``rope_factors_long/short`` and a rope attention
 factor), ``gemma3`` (Q/K norms, post-norms, layers alternating sliding-window and global
-attention, window 4), ``smollm3`` (4 layers: the fourth without rope), ``qwen3moe`` (qwen3's
+attention, window 4), ``gemma2`` (post-norms, even layers sliding-window with window 4 and
+their own rope base, attention and final logit soft-caps small enough to bite, the output
+tied to ``token_embd``), ``olmo2`` (no pre-norms, Q/K norms over the whole projections,
+post-norms), ``smollm3`` (4 layers: the fourth without rope), ``qwen3moe`` (qwen3's
 attention, a mixture of 4 experts of FFN size 64, 2 used per token), ``gpt-oss`` (q/k/v/o
 biases, attention sinks, layers alternating sliding-window and full attention, window 4,
 YaRN rope, a post-attention norm, 4 biased experts of FFN size 64 with 2 used; expert biases
@@ -58,7 +61,10 @@ _IQ1M_SCALES, _IQ1M_D = 48, 0.006
 _EXPONENTS: dict[GGMLType, tuple[tuple[int, int, int], ...]] = {
     GGMLType.MXFP4: ((0, 120, 122),),
 }
-TINY_ARCHS = ("llama", "qwen2", "qwen3", "phi3", "gemma3", "smollm3", "qwen3moe", "gpt-oss")
+TINY_ARCHS = (
+    "llama", "qwen2", "qwen3", "phi3", "gemma3", "smollm3", "qwen3moe", "gpt-oss", "gemma2",
+    "olmo2",
+)  # fmt: skip
 # Variants of an architecture that run other stages: name -> (arch, builder options)
 TINY_VARIANTS: dict[str, tuple[str, dict]] = {
     "mixtral": ("llama", {"n_expert": 4}),
@@ -78,7 +84,12 @@ LLAMA_CPP_CASES: dict[str, tuple[str, dict, int]] = {
     "mixtral": ("llama", {"n_expert": 4}, 64),  # a llama file with experts
     "gpt-oss": ("gpt-oss", {}, 64),
     "gpt-oss_mxfp4": ("gpt-oss", {"experts_type": int(GGMLType.MXFP4)}, 64),  # as released
+    "gemma2": ("gemma2", {}, 64),
+    "olmo2": ("olmo2", {}, 64),
+    # OLMo 3's files: layers 0-2 sliding-window (window 4), 3 global; YaRN on the global one
+    "olmo2_swa": ("olmo2", {"sliding_window": 4, "n_layer": 4, "rope": "yarn"}, 64),
 }
+GEMMA2_SOFTCAPS = (1.0, 3.0)  # tiny gemma2: attention and final logit soft-caps
 PHI3_ORIG_CTX = 256  # phi3: rope.scaling.original_context_length (long factors above it)
 PHI3_N_CTX = 1024  # phi3: context_length
 TINY_SHAPE = {
@@ -196,6 +207,12 @@ def _add_hparams(w, a: str, s: dict, hd: int, rope: str, sliding_window: int, at
         sliding_window = sliding_window or 4
         w.add(f"{a}.attention.sliding_window_pattern", 2, GGUFValueType.UINT32)
         w.add(f"{a}.rope.freq_base_swa", 1000.0, GGUFValueType.FLOAT32)
+    if a == "gemma2":  # (the pattern is gemma2's default: even layers local)
+        sliding_window = sliding_window or 4
+        w.add(f"{a}.rope.freq_base_swa", 1000.0, GGUFValueType.FLOAT32)
+        attn_cap, final_cap = GEMMA2_SOFTCAPS
+        w.add(f"{a}.attn_logit_softcapping", attn_cap, GGUFValueType.FLOAT32)
+        w.add(f"{a}.final_logit_softcapping", final_cap, GGUFValueType.FLOAT32)
     if sliding_window:
         w.add(f"{a}.attention.sliding_window", sliding_window, GGUFValueType.UINT32)
     if a == "phi3":
@@ -247,7 +264,8 @@ def _add_tensors(w, rng, t: GGMLType, arch: str, s: dict, hd: int, rope: str) ->
     for i in range(s["n_layer"]):
         _add_layer(f"blk.{i}.", arch, s, hd, mat, vec, norm, rng)
     vec("output_norm.weight", norm())
-    mat("output.weight", v, e)
+    if arch != "gemma2":  # (gemma2: the output is token_embd)
+        mat("output.weight", v, e)
     if rope == "llama3":
         vec("rope_freqs.weight", np.geomspace(1.0, 8.0, hd // 2).astype(np.float32))
     if arch == "phi3":
@@ -258,7 +276,8 @@ def _add_tensors(w, rng, t: GGMLType, arch: str, s: dict, hd: int, rope: str) ->
 def _add_layer(p: str, arch: str, s: dict, hd: int, mat, vec, norm, rng) -> None:
     e, f = s["n_embd"], s["n_ff"]
     qd, kvd = hd * s["n_head"], hd * s["n_head_kv"]
-    vec(p + "attn_norm.weight", norm())
+    if arch != "olmo2":  # (olmo2: no pre-norms)
+        vec(p + "attn_norm.weight", norm())
     if arch == "phi3":
         mat(p + "attn_qkv.weight", qd + 2 * kvd, e)
     else:
@@ -274,13 +293,16 @@ def _add_layer(p: str, arch: str, s: dict, hd: int, mat, vec, norm, rng) -> None
     if arch in ("qwen3", "qwen3moe", "gemma3"):
         vec(p + "attn_q_norm.weight", norm(hd))
         vec(p + "attn_k_norm.weight", norm(hd))
+    if arch == "olmo2":  # over the whole projections
+        vec(p + "attn_q_norm.weight", norm(qd))
+        vec(p + "attn_k_norm.weight", norm(kvd))
     mat(p + "attn_output.weight", e, qd)
     if arch == "gpt-oss":  # sinks of std 1: as large as the scores
         vec(p + "attn_output.bias", _normal(rng, e))
         vec(p + "attn_sinks.weight", 20.0 * _normal(rng, s["n_head"]))
-    if arch in ("gemma3", "gpt-oss"):
+    if arch in ("gemma3", "gpt-oss", "gemma2", "olmo2"):
         vec(p + "post_attention_norm.weight", norm())
-    if arch != "gpt-oss":
+    if arch not in ("gpt-oss", "olmo2"):
         vec(p + "ffn_norm.weight", norm())
     if s["n_expert"]:
         _add_experts(p, s, mat, vec if arch == "gpt-oss" else None, rng)
@@ -291,7 +313,7 @@ def _add_layer(p: str, arch: str, s: dict, hd: int, mat, vec, norm, rng) -> None
         mat(p + "ffn_up.weight", f, e)
     if not s["n_expert"]:
         mat(p + "ffn_down.weight", e, f)
-    if arch == "gemma3":
+    if arch in ("gemma3", "gemma2", "olmo2"):
         vec(p + "post_ffw_norm.weight", norm())
 
 

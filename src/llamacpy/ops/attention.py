@@ -13,6 +13,11 @@ flash_attn_ext_f16``:
 * ``attend_tiled`` (ubatches of 64 tokens and more, f16/f32 cache): float32 throughout, cells
   in tiles of 64 with the softmax state updated per tile.
 
+Attention logit soft-capping (gemma2): a score becomes ``softcap * tanh(s * scale /
+softcap)``, the scale divided by the cap first (``scale /= softcap`` in float32) and the cap
+applied before the mask, as ggml's ``flash_attn_ext`` with ``logit_softcap`` does in each
+regime; a cap of 0 leaves the scores as they are.
+
 An f32 cache is attended as llama.cpp attends it: its K and V are cast to f16 before flash
 attention (``build_attn_mha``), so every f32 row is read rounded to f16 and the f16 numerics
 apply (query rounded to f16, f16 V accumulator). The rows themselves stay f32 (the K-shift
@@ -244,12 +249,14 @@ def prepare_query(q, qo, hd, k_type, qv, qq):
 @njit(cache=True)
 def attend_row(
     qv, qq, kc, vc, ko, vo, cstride, k_type, v_type, hd, mask, mo, ic0, ic1, scale, vbuf, res,
-    order,
+    order, softcap,
 ):  # fmt: skip
     """One query row over cells ``ic0..ic1`` -> ``res[:hd]`` (unnormalized, f32) and
     returns ``(M, S)`` (running max and sum). ``mask[mo + c]`` gates cell ``c``. A
     non-empty ``order`` visits cells ``order[ic0..ic1]`` instead (cells in position order:
-    the result then does not depend on where a sequence's cells are)."""
+    the result then does not depend on where a sequence's cells are). ``softcap`` != 0:
+    each score ``s * scale`` becomes ``softcap * tanh(s * scale)`` (``scale`` already
+    divided by the cap, see :func:`cap_scale`)."""
     m = _NEG_INF
     s_sum = _F32(0.0)
     ordered = order.shape[0] > 0
@@ -267,6 +274,8 @@ def attend_row(
         else:
             s = _dot_q8(qv, qq, kc, kco, hd)
         s = s * scale
+        if softcap != 0:
+            s = softcap * np.tanh(s)
         ms = _F32(1.0)
         vs = _F32(1.0)
         vco = vo + c * cstride
@@ -296,6 +305,15 @@ def attend_row(
                 vstore_f32(res, i, r)
         s_sum = fmaf(s_sum, ms, vs)  # gcc contracts ggml's `S = S*ms + vs`
     return m, s_sum
+
+
+@njit(cache=True, inline="always")
+def cap_scale(scale, softcap):
+    """The K.Q scale the kernels apply before the cap: ``scale / softcap`` (in the scale's
+    float type, as ggml's ``scale /= logit_softcap``), ``scale`` without a cap."""
+    if softcap != 0:
+        return scale / _F32(softcap)
+    return scale
 
 
 @njit(cache=True)
@@ -366,14 +384,17 @@ def load_tile(kc, vc, ko, vo, cstride, k_type, v_type, hd, c0, n, kt, vt):
 
 
 @njit(cache=True, inline="always")
-def _tile_scores(p, kq0, kq1, kq2, kq3, scale, mask, mo, c0, n):
-    """One row's scaled scores of a tile into ``p``, masked and past-``n`` cells at -inf;
-    returns their maximum."""
+def _tile_scores(p, kq0, kq1, kq2, kq3, scale, softcap, mask, mo, c0, n):
+    """One row's scaled (and soft-capped) scores of a tile into ``p``, masked and
+    past-``n`` cells at -inf; returns their maximum."""
     sc = vsplat_f32(scale)
     vstore_f32(p, 0, kq0 * sc)
     vstore_f32(p, 16, kq1 * sc)
     vstore_f32(p, 32, kq2 * sc)
     vstore_f32(p, 48, kq3 * sc)
+    if softcap != 0:
+        for c in range(TILE):
+            p[c] = np.tanh(p[c]) * softcap
     for c in range(TILE):
         if c >= n or mask[mo + c0 + c] == 0:
             p[c] = _NEG_INF
@@ -474,7 +495,7 @@ def _tile_pv2(pa, pb, n, vt, hd, ra, rb):
 
 
 @njit(cache=True)
-def attend_tile(q, qo, hd, kt, vt, mask, mo, c0, n, scale, state, res, p):
+def attend_tile(q, qo, hd, kt, vt, mask, mo, c0, n, scale, softcap, state, res, p):
     """Update one query row's softmax state (``state`` = [M, S]) and accumulator ``res`` with
     a loaded tile of ``n`` cells starting at cell ``c0``, ggml's tiled f32 numerics
     (``p``: scratch of TILE floats)."""
@@ -485,7 +506,7 @@ def attend_tile(q, qo, hd, kt, vt, mask, mo, c0, n, scale, state, res, p):
         kq1 = vfma(qd, vload_f32(kt[d], 16), kq1)
         kq2 = vfma(qd, vload_f32(kt[d], 32), kq2)
         kq3 = vfma(qd, vload_f32(kt[d], 48), kq3)
-    tmax = _tile_scores(p, kq0, kq1, kq2, kq3, scale, mask, mo, c0, n)
+    tmax = _tile_scores(p, kq0, kq1, kq2, kq3, scale, softcap, mask, mo, c0, n)
     if tmax == _NEG_INF:
         return
     _tile_softmax(p, tmax, hd, state, res)
@@ -493,7 +514,7 @@ def attend_tile(q, qo, hd, kt, vt, mask, mo, c0, n, scale, state, res, p):
 
 
 @njit(cache=True)
-def attend_tile2(qa, qb, qo, hd, kt, vt, ma, mb, c0, n, scale, sa, sb, ra, rb, pa, pb):
+def attend_tile2(qa, qb, qo, hd, kt, vt, ma, mb, c0, n, scale, softcap, sa, sb, ra, rb, pa, pb):
     """:func:`attend_tile` for two query rows (``qa``/``qb``, masks ``ma``/``mb``, states,
     accumulators, scratch) sharing the tile: each K and V vector is loaded once for both,
     and twice as many independent sums keep the FMA units busy. Each row's operations and
@@ -506,8 +527,8 @@ def attend_tile2(qa, qb, qo, hd, kt, vt, ma, mb, c0, n, scale, sa, sb, ra, rb, p
         a0, a1, a2, a3 = vfma(qd, k0, a0), vfma(qd, k1, a1), vfma(qd, k2, a2), vfma(qd, k3, a3)
         qd = vsplat_f32(qb[qo + d])
         b0, b1, b2, b3 = vfma(qd, k0, b0), vfma(qd, k1, b1), vfma(qd, k2, b2), vfma(qd, k3, b3)
-    ta = _tile_scores(pa, a0, a1, a2, a3, scale, ma, 0, c0, n)
-    tb = _tile_scores(pb, b0, b1, b2, b3, scale, mb, 0, c0, n)
+    ta = _tile_scores(pa, a0, a1, a2, a3, scale, softcap, ma, 0, c0, n)
+    tb = _tile_scores(pb, b0, b1, b2, b3, scale, softcap, mb, 0, c0, n)
     live_a, live_b = ta != _NEG_INF, tb != _NEG_INF
     if live_a:
         _tile_softmax(pa, ta, hd, sa, ra)
@@ -553,10 +574,13 @@ def attention_rows(
     vbuf,
     res,
     sinks,
+    softcap=0.0,
 ):
     """One (token, head) row after the other (ubatches under 64 tokens, short decodes, and
     every ubatch of a deterministic context, which passes its cells in position order);
-    ``sinks``: per-head attention sinks (empty: none, see :func:`add_sink`)."""
+    ``sinks``: per-head attention sinks (empty: none, see :func:`add_sink`); ``softcap``:
+    the scores' soft cap (0: none)."""
+    kq, cap = cap_scale(scale, softcap), _F32(softcap)
     i0, i1 = split(n_tok * n_head, tid, nth)
     for i in range(i0, i1):
         t, h = i // n_head, i % n_head
@@ -576,10 +600,11 @@ def attention_rows(
             0,
             0,
             n_kv,
-            scale,
+            kq,
             vbuf,
             res,
             order,
+            cap,
         )
         _, s = add_sink(sinks, h, m, s, res, hd)
         finish_row(res, hd, s, ATT[t], h * hd)
@@ -613,10 +638,12 @@ def attention_split_partial(
     pv,
     sinks,
     row=0,
+    softcap=0.0,
 ):
     """Decode (one token, query row ``row``) over a long cache, phase 1: thread ``tid``
     attends its chunk of cells for every head; partials go to ``pm/ps/pv[head, tid]``. The
     sinks go into the first chunk's partials (as ggml's)."""
+    kq, cap = cap_scale(scale, softcap), _F32(softcap)
     cs = (n_kv + nth - 1) // nth
     ic0, ic1 = min(tid * cs, n_kv), min((tid + 1) * cs, n_kv)
     for h in range(n_head):
@@ -636,10 +663,11 @@ def attention_split_partial(
             0,
             ic0,
             ic1,
-            scale,
+            kq,
             vbuf,
             res,
             order,
+            cap,
         )
         if tid == 0:
             m, s = add_sink(sinks, h, m, s, res, hd)
@@ -681,6 +709,7 @@ def attention_tiled(
     pt,
     st,
     sinks,
+    softcap=0.0,
 ):
     """Ubatches of 64 tokens and more: work items are (KV head, block of 16, 32 or 64
     tokens), dealt round-robin (later blocks see more cells); a block is as large as ``st``
@@ -689,7 +718,9 @@ def attention_tiled(
     sharing the KV head as ``st`` holds states for (``128 * gqa`` floats: 64-token blocks,
     all heads), and goes to two query rows at a time when ``pt`` holds two rows' scores
     (2 * TILE floats). Every query row still sees the tiles in cell order with the same
-    operations, so its numerics do not depend on the grouping."""
+    operations, so its numerics do not depend on the grouping. ``softcap``: the scores'
+    soft cap (0: none)."""
+    kq, cap = cap_scale(scale, softcap), _F32(softcap)
     n_kv_head = n_head // gqa
     rows = _tiled_rows(n_tok, n_kv_head, st.shape[0], nth)
     nb = (n_tok + rows - 1) // rows
@@ -714,14 +745,14 @@ def attention_tiled(
                         s = 2 * rows * (g - g0) + 2 * (t - q0)
                         attend_tile2(
                             Q[t], Q[t + 1], h * hd, hd, kt, vt, mask[t], mask[t + 1], c0, n,
-                            scale, st[s : s + 2], st[s + 2 : s + 4], ATT[t, h * hd :],
+                            kq, cap, st[s : s + 2], st[s + 2 : s + 4], ATT[t, h * hd :],
                             ATT[t + 1, h * hd :], pt[:TILE], pt[TILE : 2 * TILE],
                         )  # fmt: skip
                         t += 2
                     while t < q1:
                         s = 2 * rows * (g - g0) + 2 * (t - q0)
                         attend_tile(
-                            Q[t], h * hd, hd, kt, vt, mask[t], 0, c0, n, scale, st[s : s + 2],
+                            Q[t], h * hd, hd, kt, vt, mask[t], 0, c0, n, kq, cap, st[s : s + 2],
                             ATT[t, h * hd :], pt,
                         )  # fmt: skip
                         t += 1

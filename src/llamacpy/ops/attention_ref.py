@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+
 import numpy as np
 
 from .activations import exp_ggml_numpy
@@ -85,11 +88,17 @@ def _ggml_dot(q: np.ndarray, k: np.ndarray) -> np.ndarray:
     return s.astype(_F32)
 
 
-def attention_numpy(q, keys, vals, mask, k_type, v_type, mode, n_threads, scale, sinks=None):
+def attention_numpy(
+    q, keys, vals, mask, k_type, v_type, mode, n_threads, scale, sinks=None, softcap=0.0
+):
     """Twin of the attention drivers: ``q`` [n, nh, d], ``keys``/``vals`` [nkv, n_kv, d] (the
     cache rows as f32), ``mask`` [n, n_kv]; ``mode`` 0 rows, 1 tiled, 2 decode split in
-    ``n_threads`` chunks; ``sinks``: per-head attention sinks (None: none)."""
+    ``n_threads`` chunks; ``sinks``: per-head attention sinks (None: none); ``softcap`` != 0:
+    scores ``softcap * tanh(s * (scale / softcap))``."""
     n, nh, d = q.shape
+    cap = _F32(softcap)
+    if cap != 0:
+        scale = _F32(scale) / cap
     g = nh // keys.shape[0]
     if k_type == KV_F32:  # an f32 cache is cast to f16 before flash attention
         keys, k_type = keys.astype(np.float16).astype(_F32), KV_F16
@@ -99,7 +108,7 @@ def attention_numpy(q, keys, vals, mask, k_type, v_type, mode, n_threads, scale,
     if mode == MODE_TILED:
         for t in range(n):
             for h in range(nh):
-                m, s, acc = _tiled_row(q[t, h], keys[h // g], vals[h // g], mask[t], scale)
+                m, s, acc = _tiled_row(q[t, h], keys[h // g], vals[h // g], mask[t], scale, cap)
                 m, s, acc = _sink(sinks, h, m, s, acc)
                 out[t, h] = acc * (_F32(1.0) / s if s != 0 else _F32(0.0))
         return out
@@ -120,7 +129,7 @@ def attention_numpy(q, keys, vals, mask, k_type, v_type, mode, n_threads, scale,
     for t in range(n):
         for h in range(nh):
             parts = [
-                _row(qd[t, h], keys[h // g], vals[h // g], mask[t], a, b, scale, v_type)
+                _row(qd[t, h], keys[h // g], vals[h // g], mask[t], a, b, scale, v_type, cap)
                 for a, b in chunks
             ]
             parts[0] = _sink(sinks, h, *parts[0])
@@ -132,12 +141,26 @@ def attention_numpy(q, keys, vals, mask, k_type, v_type, mode, n_threads, scale,
     return out
 
 
-def _row(q, keys, vals, mask, a, b, scale, v_type):
+_LIBM = ctypes.CDLL(ctypes.util.find_library("m"))
+_LIBM.tanhf.restype, _LIBM.tanhf.argtypes = ctypes.c_float, [ctypes.c_float]
+# the C library's tanhf, as ggml and the compiled kernels call it (numpy's float32 tanh may
+# differ by an ulp, and an ulp decides which branch of the online softmax a score takes)
+_tanhf = np.frompyfunc(lambda x: _F32(_LIBM.tanhf(float(x))), 1, 1)
+
+
+def _capped(s, cap):
+    """``cap * tanhf(s)`` in float32 (``s`` as is without a cap)."""
+    if cap == 0:
+        return s
+    return (np.asarray(_tanhf(s), _F32) * cap).astype(_F32)
+
+
+def _row(q, keys, vals, mask, a, b, scale, v_type, cap):
     m, s, acc = _F32(-np.inf), _F32(0.0), np.zeros(q.shape[-1], _F32)
     for c in range(a, b):
         if not mask[c]:
             continue
-        sc = _ggml_dot(q, keys[c]) * scale
+        sc = _F32(_capped(_ggml_dot(q, keys[c]) * scale, cap))
         ms, vs = _F32(1.0), _F32(1.0)
         if sc > m:
             ms = _F32(np.exp(np.float64(m - sc)))
@@ -177,13 +200,14 @@ def _merge(parts, d):
     return acc * (_F32(1.0) / s_f)
 
 
-def _tiled_row(q, keys, vals, mask, scale):
+def _tiled_row(q, keys, vals, mask, scale, cap):
     m, s, acc = _F32(-np.inf), _F32(0.0), np.zeros(q.shape[-1], _F32)
     for c0 in range(0, mask.shape[0], TILE):
         c1 = min(c0 + TILE, mask.shape[0])
         if not mask[c0:c1].any():
             continue
         kq = (keys[c0:c1].astype(np.float64) @ q.astype(np.float64)).astype(_F32) * scale
+        kq = _capped(kq, cap)
         kq = np.where(mask[c0:c1] != 0, kq, _F32(-np.inf))
         mn = max(m, kq.max())
         if mn > m:
