@@ -122,9 +122,14 @@ def test_helper_start_returns_its_kernels_and_progress_leaves_them_out(monkeypat
     assert started and started[0][1:4] == ["-m", "llamacpy.kernel_warm", str(os.getpid())]
     assert "llamacpy.models.compose:launch" not in todo  # cached
     assert "llamacpy.tokenizer.bpe:_bpe_batch" in todo
+    started.clear()
     monkeypatch.setattr(kernel_progress, "_active", None)
     monkeypatch.setattr(kernel_progress.event, "register", lambda *a: None)
     p = kernel_progress.show_compile_progress("run")
-    assert not set(todo) & set(p.expected)
-    assert "llamacpy.models.compose:worker" in p.expected
-    json.dumps(todo)
+    assert started == []  # a warm start compiles nothing: no helper, no cache reads
+    p._begin(0.0)  # the first compile event
+    assert len(started) == 1
+    assert not set(todo) & set(p.planned)
+    assert "llamacpy.models.compose:worker" in p.planned
+    p._begin(0.0)  # later compiles start no other helper
+    assert len(started) == 1

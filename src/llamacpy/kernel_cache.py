@@ -111,11 +111,17 @@ def _closure_stats(path: str) -> list[tuple[str, os.stat_result]]:
 
 
 @cache
+def _file_hash(name: str, mtime_ns: int, size: int) -> bytes:
+    """One file's content hash (read once per version of the file in a process)."""
+    return hashlib.sha256(Path(name).read_bytes()).digest()
+
+
+@cache
 def _hash(files: tuple[tuple[str, int, int], ...]) -> bytes:
     h = hashlib.sha256()
-    for name, _, _ in files:
+    for name, mtime_ns, size in files:
         h.update(name.encode())
-        h.update(Path(name).read_bytes())
+        h.update(_file_hash(name, mtime_ns, size))
     return h.digest()
 
 
@@ -149,6 +155,7 @@ def _is_kernel_file(py_file: str) -> bool:
 
 
 _WRITABLE: set[str] = set()  # cache directories already checked in this process
+_MODULE_STAMPS: dict[tuple[str, int], tuple[dict, bytes]] = {}  # (file, module) -> stamp
 
 
 class _StampMixin:
@@ -158,10 +165,23 @@ class _StampMixin:
     def from_function(cls, py_func, py_file):
         if not _is_kernel_file(py_file):
             return None
-        return super().from_function(py_func, py_file)
+        loc = super().from_function(py_func, py_file)
+        if loc is not None:
+            loc._module_globals = getattr(py_func, "__globals__", None)
+        return loc
 
     def get_source_stamp(self):
-        return kernel_stamp(self._py_file)
+        """The kernel file's stamp, computed once per module object: numba asks for every
+        kernel as it is defined (a module defines up to ~50), and a module's files do not
+        change while it runs its definitions (a reloaded module is a new object)."""
+        g = getattr(self, "_module_globals", None)
+        if g is None:
+            return kernel_stamp(self._py_file)
+        key = (self._py_file, id(g))
+        hit = _MODULE_STAMPS.get(key)
+        if hit is None or hit[0] is not g:
+            hit = _MODULE_STAMPS[key] = (g, kernel_stamp(self._py_file))
+        return hit[1]
 
     def ensure_cache_path(self):
         """numba checks the directory (mkdir + a temporary file) for every kernel; once per

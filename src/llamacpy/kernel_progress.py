@@ -107,9 +107,11 @@ class CompileProgress(event.Listener):
         *,
         interactive: bool | None = None,
         interval: float = 0.5,
+        helper: str | None = None,
     ) -> None:
         self._stream = stream  # None: sys.stderr as it is when a compile starts
         self.expected = dict(expected or {})
+        self.helper = helper  # the command whose compile helper starts with the first compile
         self._interactive = interactive  # None: whether the stream is a terminal
         self.interactive = False
         self.interval = interval
@@ -133,6 +135,12 @@ class CompileProgress(event.Listener):
         """The first compile since the start (or the last finish): plan and set up."""
         self.started = now
         self.planned = {k: s for k, s in self.expected.items() if not is_cached(k)}
+        if self.helper is not None:  # a cold cache: the helper compiles some (kernel_warm)
+            from .kernel_warm import start
+
+            for kid in start(self.helper):
+                self.planned.pop(kid, None)
+            self.helper = None
         isatty = getattr(self.stream, "isatty", None)
         self.interactive = (
             bool(isatty and isatty()) if self._interactive is None else self._interactive
@@ -249,17 +257,15 @@ def show_compile_progress(
 ) -> CompileProgress:
     """Report kernel compilation on ``stream`` (default: stderr) for the rest of the
     process, with the totals expected for ``command`` (a key of :data:`MANIFEST`; others
-    report a count without a total). On a cold cache it also starts the compile helper
-    (:mod:`.kernel_warm`), whose kernels leave the totals. Idempotent: a second call
-    returns the listener already installed."""
+    report a count without a total). The first compile (a cold cache; a warm start sends
+    no compile event and pays nothing) also starts the compile helper (:mod:`.kernel_warm`),
+    whose kernels leave the totals. Idempotent: a second call returns the listener already
+    installed."""
     global _active
     if _active is None:
-        from .kernel_warm import start
-
-        expected = dict(MANIFEST.get(command, {}))
-        for kid in start(command):  # compiled by the helper process (see kernel_warm)
-            expected.pop(kid, None)
-        _active = CompileProgress(stream, expected, interactive=interactive)
+        _active = CompileProgress(
+            stream, MANIFEST.get(command, {}), interactive=interactive, helper=command
+        )
         event.register("numba:compile", _active)
     return _active
 

@@ -142,11 +142,11 @@ def grammar_text(args: argparse.Namespace) -> str | None:
 
 def with_grammar(chain: Any, text: str | None, tokenizer: Any) -> Any:
     """The chain as llama.cpp's common sampler, constrained by the grammar ``text``."""
+    if not text:
+        return chain
     from ..grammar import GrammarMatcher, GrammarVocab, parse_grammar
     from ..sampling import CommonSampler
 
-    if not text:
-        return chain
     grammar = parse_grammar(
         text, tokenize=lambda s: tokenizer.encode(s, add_special=False, parse_special=True)
     )
