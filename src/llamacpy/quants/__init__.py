@@ -22,33 +22,6 @@ import numpy as np
 
 from llamacpy import kernel_cache  # noqa: F401  (first: the kernels' disk cache locator)
 from llamacpy.gguf.constants import GGMLType
-from llamacpy.quants import (  # noqa: F401  (imported to register the formats)
-    floats,
-    iq1_m,
-    iq1_s,
-    iq2_s,
-    iq2_xs,
-    iq2_xxs,
-    iq3_s,
-    iq3_xxs,
-    iq4_nl,
-    iq4_xs,
-    mxfp4,
-    q2_k,
-    q3_k,
-    q4_0,
-    q4_1,
-    q4_k,
-    q5_0,
-    q5_1,
-    q5_k,
-    q6_k,
-    q8_0,
-    q8_1,
-    q8_k,
-    tq1_0,
-    tq2_0,
-)
 from llamacpy.quants._errors import QuantError, UnsupportedQuantTypeError
 from llamacpy.quants._registry import QuantFormat, formats, get, register
 

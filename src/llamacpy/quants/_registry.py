@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +56,22 @@ class QuantFormat:
 
 _FORMATS: dict[GGMLType, QuantFormat] = {}
 
+# the format modules, imported (and so registered) on the first lookup: importing the package
+# for one helper (the engine's repacking needs ``_iqcodes``) does not load every format
+FORMAT_MODULES = ("floats", "iq1_m", "iq1_s", "iq2_s", "iq2_xs", "iq2_xxs", "iq3_s",
+                  "iq3_xxs", "iq4_nl", "iq4_xs", "mxfp4", "q2_k", "q3_k", "q4_0", "q4_1",
+                  "q4_k", "q5_0", "q5_1", "q5_k", "q6_k", "q8_0", "q8_1", "q8_k", "tq1_0",
+                  "tq2_0")  # fmt: skip
+_loaded = False
+
+
+def _load_all() -> None:
+    global _loaded
+    if not _loaded:
+        for name in FORMAT_MODULES:
+            importlib.import_module(f"llamacpy.quants.{name}")
+        _loaded = True
+
 
 def register(fmt: QuantFormat) -> QuantFormat:
     """Add a format (called once by each format module at import)."""
@@ -75,6 +92,7 @@ def get(ggml_type: GGMLType | int | str, *, tensor: str | None = None) -> QuantF
         key = GGMLType[ggml_type.upper()] if isinstance(ggml_type, str) else GGMLType(ggml_type)
     except (KeyError, ValueError):
         raise UnsupportedQuantTypeError(ggml_type, tensor=tensor) from None
+    _load_all()
     fmt = _FORMATS.get(key)
     if fmt is None:
         raise UnsupportedQuantTypeError(key, tensor=tensor)
@@ -83,4 +101,5 @@ def get(ggml_type: GGMLType | int | str, *, tensor: str | None = None) -> QuantF
 
 def formats() -> dict[GGMLType, QuantFormat]:
     """All registered formats, by type."""
+    _load_all()
     return dict(_FORMATS)
