@@ -13,10 +13,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..api import responses_api as rapi
-from ..api.serving import Chunk, Final
+from ..api.serving import Final
 from ..errors import LlamacpyError
 from .errors import APIError, bad_request
-from .responses import Shaper, event
+from .responses import EventShaper, Shaper, event
 from .routes import _completion, _state, read_json
 
 
@@ -27,7 +27,7 @@ def _store(request: Request) -> rapi.ResponseStore:
     return st.responses_store
 
 
-class ResponsesShaper(Shaper):
+class ResponsesShaper(EventShaper):
     """One completion as a Response, or as its stream events; the finished Response is
     kept in ``store`` with the conversation it ends."""
 
@@ -58,22 +58,11 @@ class ResponsesShaper(Shaper):
     def first(self) -> list[bytes]:
         return [event(*e) for e in self.events.start(self._response(None, []))]
 
-    def chunk(self, ev: Chunk) -> list[bytes]:
-        stream = self._stream(ev.index)
-        assert stream is not None
-        return [event(*e) for e in self.events.deltas(stream.feed(ev.text))]
-
     def done(self, final: Final) -> list[bytes]:
-        stream = self._stream(final.index)
-        assert stream is not None
-        deltas, reply = stream.finish()
-        out = self.events.deltas(deltas)
+        out, reply = self.finish(final)
         out += self.events.close()
         resp = self._response(final, self.events.items, bool(reply.tool_calls))
         return [event(*e) for e in [*out, *self.events.end(resp)]]
-
-    def end(self, finals: list[Final]) -> list[bytes]:
-        return []
 
     def error(self, err: Any) -> bytes:
         return event("error", {"type": "error", "code": err.type, "message": err.message,

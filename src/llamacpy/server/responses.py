@@ -232,7 +232,29 @@ def event(name: str, data: dict[str, Any]) -> bytes:
     return f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
 
 
-class MessagesShaper(Shaper):
+class EventShaper(Shaper):
+    """A chat reply as another API's named stream events: ``self.events.deltas`` turns
+    :class:`~llamacpy.api.tool_calls.ReplyStream` deltas into ``(name, data)`` events."""
+
+    events: Any
+
+    def chunk(self, ev: Chunk) -> list[bytes]:
+        stream = self._stream(ev.index)
+        assert stream is not None
+        return [event(*e) for e in self.events.deltas(stream.feed(ev.text))]
+
+    def finish(self, final: Final) -> tuple[list[tuple[str, Any]], Any]:
+        """The events of the reply's last deltas, and the whole parsed reply."""
+        stream = self._stream(final.index)
+        assert stream is not None
+        deltas, reply = stream.finish()
+        return self.events.deltas(deltas), reply
+
+    def end(self, finals: list[Final]) -> list[bytes]:
+        return []
+
+
+class MessagesShaper(EventShaper):
     """Anthropic Messages: the chat reply as a Message, or as its stream events (one
     completion: the API has no ``n``)."""
 
@@ -256,21 +278,10 @@ class MessagesShaper(Shaper):
     def first(self) -> list[bytes]:
         return [event(*e) for e in self.events.start(len(self.prompt_tokens))]
 
-    def chunk(self, ev: Chunk) -> list[bytes]:
-        stream = self._stream(ev.index)
-        assert stream is not None
-        return [event(*e) for e in self.events.deltas(stream.feed(ev.text))]
-
     def done(self, final: Final) -> list[bytes]:
-        stream = self._stream(final.index)
-        assert stream is not None
-        deltas, reply = stream.finish()
-        out = self.events.deltas(deltas)
+        out, reply = self.finish(final)
         out += self.events.end(self._reason(final, bool(reply.tool_calls)), final.n_predicted)
         return [event(*e) for e in out]
-
-    def end(self, finals: list[Final]) -> list[bytes]:
-        return []
 
     def error(self, err: Any) -> bytes:
         return event("error", messages_error(err.type, err.message))
