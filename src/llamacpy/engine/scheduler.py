@@ -39,6 +39,7 @@ import numpy as np
 
 from ..errors import LlamacpyError, UsageError
 from .batch import Batch
+from .request_stats import RequestStats
 
 _ENDED = object()  # a sample that ended its request
 
@@ -96,6 +97,7 @@ class Request:
     t_start: float = 0.0  # admitted into a slot
     t_prompt: float = 0.0  # prompt decoded (first token sampled)
     t_end: float = 0.0
+    t_last_token: float = 0.0  # when its latest token was sampled
     aborted: bool = False
     n_drafted: int = 0  # proposals verified for this request, accepted ones
     n_accepted: int = 0
@@ -200,6 +202,7 @@ class Scheduler:
         self.slot_similarity = slot_similarity
         self.slots = [Slot(i, self.n_ctx_slot) for i in range(n_slots)]
         self.counters = Counters()
+        self.stats = RequestStats()  # per-request histograms for /metrics
         self._queue: deque[Request] = deque()
         self._n_inflight = 0
         self._cond = threading.Condition()
@@ -245,7 +248,7 @@ class Scheduler:
             self._n_inflight += group
             req.t_submit = time.monotonic()
             for r in (req, *req.followers):
-                r.state = "queued"
+                r.state, r.t_submit = "queued", req.t_submit
             self._queue.append(req)
             self._cond.notify()
         return req
@@ -688,6 +691,9 @@ class Scheduler:
         if r.state == "done":
             return _ENDED
         r.n_decoded += 1
+        now = time.monotonic()
+        self.stats.token(r.t_submit, r.t_last_token, now, r.n_decoded == 1)
+        r.t_last_token = now
         if token is None:
             self._finish(r)
             return _ENDED
@@ -761,6 +767,9 @@ class Scheduler:
                 c.t_predicted += r.t_end - r.t_prompt
         r.state = "done"
         self.counters.n_requests += 1
+        self.stats.ended(t_submit=r.t_submit, t_start=r.t_start, t_end=r.t_end,
+                         n_prompt=len(r.prompt), n_cached=r.n_cached, n_generated=r.n_decoded,
+                         aborted=r.aborted)  # fmt: skip
 
     def _finish(self, r: Request) -> None:
         with self._cond:

@@ -1,12 +1,58 @@
 """``GET /metrics``: Prometheus text with llama-server's ``llamacpp:*`` series, plus the
-wait queue, rejected requests and KV-cache usage."""
+wait queue, rejected requests and KV-cache usage, and per-request histograms (time to first
+token, inter-token latency, end-to-end latency, queue wait, prompt and generated tokens),
+KV-cache bytes, busy slots, aborted requests and prompt-cache hits (the series beyond
+llama-server's carry a ``model`` label)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+HISTOGRAMS = (
+    ("ttft", "time_to_first_token_seconds", "Time from a request's arrival to its first token."),
+    ("inter_token", "inter_token_latency_seconds", "Time between a request's tokens."),
+    ("e2e", "e2e_request_latency_seconds", "Time from a request's arrival to its end."),
+    ("queue", "request_queue_time_seconds", "Time a request waited for a slot."),
+    ("prompt_tokens", "request_prompt_tokens", "Prompt tokens of a request."),
+    ("generated_tokens", "request_generation_tokens", "Tokens a request generated."),
+)
 
-def render(scheduler: Any, ctx: Any) -> str:
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def request_series(scheduler: Any, ctx: Any, model: str) -> list[str]:
+    """The per-request histograms, gauges and counters, labelled with the model."""
+    st, label = scheduler.stats, f'model="{_escape(model)}"'
+    lines: list[str] = []
+    for attr, name, help_ in HISTOGRAMS:
+        h = getattr(st, attr)
+        lines += [f"# HELP llamacpp:{name} {help_}", f"# TYPE llamacpp:{name} histogram"]
+        lines += [f'llamacpp:{name}_bucket{{{label},le="{le}"}} {n}' for le, n in h.cumulative()]
+        lines += [f"llamacpp:{name}_sum{{{label}}} {h.sum:.6g}",
+                  f"llamacpp:{name}_count{{{label}}} {h.count}"]  # fmt: skip
+    kv = ctx.kv
+    used_bytes = int(kv.nbytes * kv.n_used / ctx.n_ctx) if ctx.n_ctx else 0
+    busy = sum(1 for s in scheduler.slots if s.busy)
+    for kind, name, help_, value in (
+        ("gauge", "kv_cache_used_bytes", "Bytes of the KV cache holding tokens.", used_bytes),
+        ("gauge", "kv_cache_size_bytes", "Bytes of the KV cache.", int(kv.nbytes)),
+        ("gauge", "slots_busy", "Slots working on a request.", busy),
+        ("gauge", "slots_total", "Slots of the model.", len(scheduler.slots)),
+        ("counter", "requests_aborted_total", "Requests aborted (client gone, timeout).",
+         st.n_aborted),
+        ("counter", "prompt_cache_hits_total", "Requests that reused a cached prompt prefix.",
+         st.n_cache_hits),
+        ("counter", "prompt_cache_hit_tokens_total", "Prompt tokens reused from the cache.",
+         st.n_cache_hit_tokens),
+    ):  # fmt: skip
+        lines += [f"# HELP llamacpp:{name} {help_}", f"# TYPE llamacpp:{name} {kind}",
+                  f"llamacpp:{name}{{{label}}} {value}"]  # fmt: skip
+    return lines
+
+
+def render(scheduler: Any, ctx: Any, model: str = "") -> str:
     c = scheduler.counters
     kv_used = int(ctx.kv.n_used)
     series = [
@@ -47,4 +93,5 @@ def render(scheduler: Any, ctx: Any) -> str:
         lines += [f"# HELP llamacpp:{name} {help_}", f"# TYPE llamacpp:{name} {kind}",
                   f"llamacpp:{name} {value:.6g}" if isinstance(value, float)
                   else f"llamacpp:{name} {value}"]  # fmt: skip
+    lines += request_series(scheduler, ctx, model)
     return "\n".join(lines) + "\n"

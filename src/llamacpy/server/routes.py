@@ -249,7 +249,7 @@ async def metrics_route(request: Request) -> Response:
         raise APIError(501, "This server does not support metrics endpoint. Start it with "
                        "`--metrics`")  # fmt: skip
     m = st.generator()
-    return PlainTextResponse(metrics.render(m.scheduler, m.ctx),
+    return PlainTextResponse(metrics.render(m.scheduler, m.ctx, st.model_name),
                              media_type="text/plain; version=0.0.4")  # fmt: skip
 
 
