@@ -544,6 +544,61 @@ def test_loading_is_503_and_embeddings_route_with_embedder():
 
 # --------------------------------------------------------------------------- the command
 @pytest.mark.slow
+def test_serve_command_drains_before_it_stops(smollm2_path, tmp_path):
+    """``--drain-seconds``: after SIGTERM, /health and new requests answer 503 (a load
+    balancer takes the replica out and retries elsewhere) while the in-flight stream goes
+    on to its end; then the process exits 0."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    env = {**os.environ, "NUMBA_NUM_THREADS": "1"}
+    with open(tmp_path / "log", "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "llamacpy", "serve", "-m", str(smollm2_path), "--port",
+             str(port), "-c", "512", "-np", "2", "-t", "1", "--drain-seconds", "3"],
+            stdout=out, stderr=subprocess.STDOUT, env=env,
+        )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(base + "/health", timeout=1).status_code == 200:
+                    break
+            time.sleep(0.1)
+        body = {"prompt": "Count: 1, 2, 3,", "n_predict": 48, "temperature": 0,
+                "ignore_eos": True, "stream": True}  # fmt: skip
+        with httpx.stream("POST", base + "/completion", json=body, timeout=60) as r:
+            lines = sse_events(r.iter_lines())
+            first = json.loads(next(lines))
+            proc.send_signal(signal.SIGTERM)
+            t_signal = time.monotonic()
+            health = 200
+            while health == 200 and time.monotonic() < t_signal + 2:
+                health = httpx.get(base + "/health", timeout=5).status_code
+            assert health == 503
+            new = httpx.post(base + "/completion", json={"prompt": "Hi", "n_predict": 2},
+                             timeout=5)  # fmt: skip
+            assert new.status_code == 503 and new.headers.get("retry-after") == "1"
+            rest = [json.loads(e) for e in lines]
+        events = [first, *rest]
+        assert events[-1]["stop"] and events[-1]["tokens_predicted"] == 48
+        assert proc.wait(30) == 0
+        assert time.monotonic() - t_signal >= 2.5  # it waited out the drain
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_drain_seconds_is_checked(capsys):
+    from llamacpy import cli
+
+    assert cli.main(["serve", "-m", "x.gguf", "--drain-seconds", "-1"]) == 1
+    assert "--drain-seconds must be 0..3600" in capsys.readouterr().err
+
+
 def test_serve_command_sigterm_is_graceful(smollm2_path, tmp_path):
     """``llamacpy serve`` as a process: in-flight streams finish after SIGTERM, the process
     exits 0, and the API key never appears in its output (even with -v)."""

@@ -41,6 +41,8 @@ def _serve(args: argparse.Namespace) -> int:
         raise UsageError(f"--max-connections must be at least 1, not {args.max_connections}")
     if not (args.timeout_headers > 0 and args.timeout_body > 0):
         raise UsageError("--timeout-headers and --timeout-body must be positive")
+    if not 0 <= args.drain_seconds <= 3600:
+        raise UsageError(f"--drain-seconds must be 0..3600, not {args.drain_seconds}")
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be 0..65535, not {args.port}")
     model_path = resolve_model(args.model)  # fail fast on a bad -m, before listening
@@ -55,6 +57,7 @@ def _serve(args: argparse.Namespace) -> int:
         n_predict=args.n_predict,
         max_body=args.max_body,
         shutdown_timeout=float(args.shutdown_timeout),
+        drain_seconds=float(args.drain_seconds),
         timeout_headers=args.timeout_headers,
         timeout_body=args.timeout_body,
         max_connections=args.max_connections,
@@ -152,6 +155,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="open connections; beyond: 503 and closed (default: 100)")  # fmt: skip
     p.add_argument("--shutdown-timeout", type=float, default=10.0,
                    help="seconds in-flight requests may finish after SIGTERM (default: 10)")  # fmt: skip
+    p.add_argument("--drain-seconds", type=float, default=0.0,
+                   help="after SIGTERM, answer /health and new requests 503 for this long "
+                   "(a load balancer's health checks take the replica out) before stopping "
+                   "(default: 0)")  # fmt: skip
     p.add_argument("--embedding", "--embeddings", action="store_true",
                    help="serve embeddings only (/v1/embeddings, /embedding)")  # fmt: skip
     p.add_argument("--pooling", default="unspecified",

@@ -37,7 +37,9 @@ class ServerConfig:
     ``max_body``: bytes a request body may have (413 beyond); ``shutdown_timeout``: seconds
     in-flight work may go on after SIGTERM before it is cancelled; ``timeout_headers`` and
     ``timeout_body``: seconds a request head and body may take to arrive (408 beyond);
-    ``max_connections``: open connections (503 beyond), see :mod:`.transport`.
+    ``max_connections``: open connections (503 beyond), see :mod:`.transport`;
+    ``drain_seconds``: after SIGTERM, seconds during which ``/health`` and new requests
+    answer 503 (so a load balancer takes the replica out) before the graceful shutdown.
     """
 
     host: str = "127.0.0.1"
@@ -49,6 +51,7 @@ class ServerConfig:
     n_predict: int = -1
     max_body: int = 4 << 20
     shutdown_timeout: float = 10.0
+    drain_seconds: float = 0.0
     timeout_headers: float = 10.0
     timeout_body: float = 30.0
     max_connections: int = 100
@@ -85,6 +88,7 @@ class ServerState:
         self.loader = loader
         self.loading = loader is not None
         self.load_error: str | None = None
+        self.draining = False  # SIGTERM with --drain-seconds: 503 to new work, then stop
         self.model_name = config.alias or model_name
         self.t_start = int(time.time())
         self.embed_lock = threading.Lock()
@@ -101,7 +105,9 @@ class ServerState:
             self.loading = False
 
     def ready(self) -> None:
-        """Raise 503 while loading (or if loading failed)."""
+        """Raise 503 while loading (or if loading failed) and while draining."""
+        if self.draining:
+            raise APIError(503, "the server is shutting down", headers={"Retry-After": "1"})
         if self.loading:
             raise APIError(503, "Loading model")
         if self.load_error is not None:

@@ -1,4 +1,5 @@
-"""Running the application with uvicorn: graceful SIGTERM/SIGINT (stop accepting, let
+"""Running the application with uvicorn: graceful SIGTERM/SIGINT (with ``drain_seconds``,
+first answer ``/health`` and new requests 503 for that long; then stop accepting, let
 in-flight requests finish for ``shutdown_timeout`` seconds, cancel the rest, exit 0)."""
 
 from __future__ import annotations
@@ -6,6 +7,8 @@ from __future__ import annotations
 import signal
 import socket
 import sys
+import threading
+import time
 from typing import Any
 
 import uvicorn
@@ -13,6 +16,30 @@ import uvicorn
 from . import accesslog
 from .app import ServerState, create_app
 from .transport import Limits, protocol_class
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server with a drain before its graceful shutdown: the first SIGTERM/SIGINT
+    marks the state draining (503 to ``/health`` and new requests, in-flight ones go on)
+    and shuts down after ``drain_seconds``; another signal shuts down at once."""
+
+    def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
+        super().__init__(config)
+        self.state = state
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        drain = self.state.config.drain_seconds
+        if drain > 0 and not self.state.draining and not self.should_exit:
+            self.state.draining = True
+            threading.Thread(target=self._drain, args=(drain,), daemon=True).start()
+            return
+        super().handle_exit(sig, frame)
+
+    def _drain(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end and not self.should_exit:
+            time.sleep(0.05)
+        self.should_exit = True
 
 
 def serve(state: ServerState, *, sock: socket.socket | None = None, log_level: str = "warning",
@@ -33,7 +60,7 @@ def serve(state: ServerState, *, sock: socket.socket | None = None, log_level: s
         http=protocol_class(limits),
         h11_max_incomplete_event_size=limits.max_head,
     )
-    server = uvicorn.Server(config)
+    server = _Server(config, state)
     if on_ready is not None:
         on_ready(server)
     # uvicorn re-raises the signal it caught once it has shut down; a no-op handler makes
