@@ -11,11 +11,18 @@ replica is killed with SIGKILL; at 2/3 it is started again. Every request is cla
 * clear error: an HTTP error status, or a stream that ended early (its replica died);
 * hung: no answer within ``--timeout`` seconds (must be 0).
 
-Prints the counts and the completed tokens/s before, during and after the outage. Needs
-Debian's ``haproxy`` on the PATH.
+Prints the counts and the completed tokens/s before, during and after the outage.
+
+``--affinity`` measures instead what the balancer's affinity is worth: ``--clients``
+conversations of ``--turns`` chat turns each (the history grows every turn), run once with
+an ``X-Session-Id`` per conversation and once without (round robin), each time with new
+conversations; the prompt-cache hit rate is the prompt tokens the replicas found in their
+KV caches over all prompt tokens (``/metrics`` of every replica).
+
+Needs Debian's ``haproxy`` on the PATH.
 
     .venv/bin/python benchmarks/bench_replicas_fault.py [-m smollm2-135m] [--replicas 3]
-        [--clients 6] [--seconds 60] [--tokens 24]
+        [--clients 6] [--seconds 60] [--tokens 24] [--affinity --turns 6]
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ CFG = ROOT / "deploy" / "haproxy" / "haproxy.cfg"
 
 def start_replica(model: str, port: int, log: Path) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "llamacpy", "serve", "-m", model, "--port", str(port),
-           "-c", "2048", "-np", "2", "-t", "1", "--drain-seconds", "2"]  # fmt: skip
+           "-c", "2048", "-np", "2", "-t", "1", "--drain-seconds", "2", "--metrics"]  # fmt: skip
     env = {**os.environ, "NUMBA_NUM_THREADS": "1"}
     out = open(log, "a")  # noqa: SIM115  (the child writes to it until it exits)
     return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -99,6 +106,47 @@ def one_request(client: httpx.Client, base: str, stream: bool, n_tok: int, sessi
         return "error", 0
 
 
+def cache_counts(n: int) -> tuple[float, float]:
+    """``(prompt tokens found in the cache, prompt tokens decoded)`` over the replicas."""
+    hit = done = 0.0
+    for i in range(n):
+        text = httpx.get(f"http://127.0.0.1:{8081 + i}/metrics", timeout=10).text
+        for line in text.splitlines():
+            if line.startswith("llamacpp:prompt_cache_hit_tokens_total"):
+                hit += float(line.rsplit(" ", 1)[1])
+            elif line.startswith("llamacpp:prompt_tokens_total "):
+                done += float(line.rsplit(" ", 1)[1])
+    return hit, done
+
+
+def affinity(base: str, args: argparse.Namespace) -> None:
+    """Prompt-cache hit rate of multi-turn conversations with and without a session key."""
+    for label, sessions in (("with X-Session-Id", True), ("without (round robin)", False)):
+        h0, d0 = cache_counts(args.replicas)
+
+        def talk(k: int, sessions: bool = sessions, label: str = label) -> None:
+            c = httpx.Client(timeout=args.timeout)
+            msgs = [{"role": "system", "content": f"Conversation {k} ({label})."}]
+            for turn in range(args.turns):
+                msgs.append({"role": "user", "content": f"Tell me fact number {turn}."})
+                headers = {"X-Session-Id": f"{label}-{k}"} if sessions else {}
+                r = c.post(base + "/v1/chat/completions", headers=headers, json={
+                    "messages": msgs, "max_tokens": args.tokens, "temperature": 0})  # fmt: skip
+                msgs.append(r.json()["choices"][0]["message"])
+
+        threads = [threading.Thread(target=talk, args=(k,)) for k in range(args.clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        h1, d1 = cache_counts(args.replicas)
+        hit, done = h1 - h0, d1 - d0
+        print(
+            f"  {label:22s} prompt tokens {hit + done:7.0f}, found cached {hit:7.0f}: "
+            f"hit rate {hit / max(hit + done, 1):.1%}"
+        )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-m", "--model", default="smollm2-135m")
@@ -107,6 +155,12 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--tokens", type=int, default=24)
     ap.add_argument("--timeout", type=float, default=60.0, help="a request this slow is hung")
+    ap.add_argument(
+        "--affinity",
+        action="store_true",
+        help="measure the prompt-cache hit rate with and without affinity instead of the fault run",
+    )
+    ap.add_argument("--turns", type=int, default=6, help="--affinity: turns per conversation")
     args = ap.parse_args()
     if shutil.which("haproxy") is None:
         print("haproxy is not installed (apt-get install haproxy)", file=sys.stderr)
@@ -122,6 +176,9 @@ def main() -> int:
                                stdout=hap_log, stderr=subprocess.STDOUT)  # fmt: skip
         wait_healthy("http://127.0.0.1:8080", 30)
         base = "http://127.0.0.1:8080"
+        if args.affinity:
+            affinity(base, args)
+            return 0
         t0 = time.monotonic()
         t_kill, t_back = t0 + args.seconds / 3, t0 + 2 * args.seconds / 3
         results: list[tuple[float, str, bool, int]] = []

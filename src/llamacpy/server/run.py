@@ -21,7 +21,7 @@ from .transport import Limits, protocol_class
 class _Server(uvicorn.Server):
     """uvicorn's server with a drain before its graceful shutdown: the first SIGTERM/SIGINT
     marks the state draining (503 to ``/health`` and new requests, in-flight ones go on)
-    and shuts down after ``drain_seconds``; another signal shuts down at once."""
+    and shuts down after ``drain_seconds``; another signal ends the drain early."""
 
     def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
         super().__init__(config)
