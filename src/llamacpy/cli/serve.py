@@ -28,6 +28,36 @@ def _keys(args: argparse.Namespace) -> tuple[str, ...]:
     return tuple(keys)
 
 
+def _router_models(args: argparse.Namespace) -> dict[str, Path]:
+    """``name -> file`` of router mode (no ``-m``), checked; {} with ``-m``."""
+    if args.model is not None:
+        if args.models_dir or args.models:
+            raise UsageError("give -m for one model, or --models-dir / --models for router "
+                             "mode, not both")  # fmt: skip
+        return {}
+    if not (args.models_dir or args.models):
+        raise UsageError("give a model with -m, or several with --models-dir DIR and/or "
+                         "--models NAMES (router mode)")  # fmt: skip
+    if args.models_max < 1:
+        raise UsageError(f"--models-max must be at least 1, not {args.models_max}")
+    if not 0 <= args.sleep_idle_seconds <= 1e7:
+        raise UsageError(f"--sleep-idle-seconds must be >= 0, not {args.sleep_idle_seconds}")
+    from ..registry import resolve_model
+    from ..server.router import models_in
+
+    models: dict[str, Path] = {}
+    if args.models_dir:
+        if not os.path.isdir(args.models_dir):
+            raise UsageError(f"--models-dir {args.models_dir!r} is not a directory")
+        models.update(models_in(args.models_dir))
+    for name in (n.strip() for n in (args.models or "").split(",")):
+        if name:
+            models[name] = Path(resolve_model(name))
+    if not models:
+        raise UsageError(f"--models-dir {args.models_dir!r} holds no .gguf file")
+    return models
+
+
 def _serve(args: argparse.Namespace) -> int:
     from ..registry import resolve_model
     from ..server import ServerConfig, ServerState, serve
@@ -45,7 +75,8 @@ def _serve(args: argparse.Namespace) -> int:
         raise UsageError(f"--drain-seconds must be 0..3600, not {args.drain_seconds}")
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be 0..65535, not {args.port}")
-    model_path = resolve_model(args.model)  # fail fast on a bad -m, before listening
+    models = _router_models(args)  # router mode (no -m): the models it serves
+    model_path = None if models else resolve_model(args.model)  # fail fast, before listening
     speculators = slot_speculators(args)
     config = ServerConfig(
         host=args.host,
@@ -72,7 +103,7 @@ def _serve(args: argparse.Namespace) -> int:
     defaults = sampling_params(args, {})  # the model's defaults fill the rest later
     n_ctx = args.ctx_size or 4096 * args.parallel
 
-    def load() -> tuple[Any, Any]:
+    def load(model_path: Path) -> tuple[Any, Any]:
         if args.embedding or args.reranking:
             from ..api import Llama
 
@@ -95,14 +126,34 @@ def _serve(args: argparse.Namespace) -> int:
             warm_up(m.ctx, m.tokenizer)
         return m, None
 
-    state = ServerState(config, loader=load, model_name=args.alias or model_path.name)
     show_compile_progress("serve")
     where = f"http://{args.host}:{args.port}"
-    print(f"llamacpy serve: listening on {where} (model {model_path.name}, "
-          f"{args.parallel} slot(s), n_ctx {n_ctx})", file=sys.stderr, flush=True)  # fmt: skip
+    if models:
+        from ..server.router import Router
+
+        def make_state(name: str, path: Path) -> ServerState:
+            return ServerState(config, loader=lambda: load(path), model_name=name)
+
+        state: Any = Router(
+            config,
+            models,
+            make_state,
+            max_loaded=args.models_max,
+            autoload=args.models_autoload,
+            sleep_idle=args.sleep_idle_seconds,
+        )
+        print(f"llamacpy serve: listening on {where} (router: {len(models)} model(s), at most "
+              f"{args.models_max} loaded, {args.parallel} slot(s) and n_ctx {n_ctx} each)",
+              file=sys.stderr, flush=True)  # fmt: skip
+    else:
+        assert model_path is not None
+        state = ServerState(config, loader=lambda: load(model_path),
+                            model_name=args.alias or model_path.name)  # fmt: skip
+        print(f"llamacpy serve: listening on {where} (model {model_path.name}, "
+              f"{args.parallel} slot(s), n_ctx {n_ctx})", file=sys.stderr, flush=True)  # fmt: skip
     serve(state, log_level="info" if args.verbose else "warning",
           access_log=not args.log_disable)  # fmt: skip
-    if state.load_error is not None:
+    if getattr(state, "load_error", None) is not None:
         print(f"llamacpy serve: error: {state.load_error}", file=sys.stderr)
         return 1
     return 0
@@ -117,7 +168,38 @@ def register(sub: argparse._SubParsersAction) -> None:
         "/tokenize, /health, /props, /slots, /metrics ...), with --parallel slots batched "
         "together.",
     )
-    p.add_argument("-m", "--model", required=True, help="model path or registry name")
+    p.add_argument("-m", "--model", default=None,
+                   help="model path or registry name (without it: router mode, see "
+                   "--models-dir)")  # fmt: skip
+    g = p.add_argument_group("router mode (no -m: several models, by the request's 'model')")
+    g.add_argument(
+        "--models-dir",
+        default=None,
+        metavar="DIR",
+        help="serve the GGUF files of DIR (name: the file name without .gguf)",
+    )
+    g.add_argument(
+        "--models",
+        default=None,
+        metavar="NAMES",
+        help="also serve these registry models (comma-separated)",
+    )
+    g.add_argument("--models-max", type=int, default=4, metavar="N",
+                   help="models loaded at once; the least recently used idle one is "
+                   "unloaded to make room (default: 4)")  # fmt: skip
+    g.add_argument(
+        "--no-models-autoload",
+        dest="models_autoload",
+        action="store_false",
+        help="load a model only on POST /models/load, not on its first request",
+    )
+    g.add_argument(
+        "--sleep-idle-seconds",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="unload a model after S seconds without requests (default: 0, never)",
+    )
     p.add_argument("-a", "--alias", default=None, help="model name reported to clients")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="port (default: 8080)")

@@ -243,11 +243,25 @@ async def _server_error(request: Request, exc: Exception) -> Response:
                     status_code=500, media_type="application/json")  # fmt: skip
 
 
-def create_app(state: ServerState) -> Starlette:
-    """The application for ``state`` (load in the background when it has a loader)."""
+EXCEPTION_HANDLERS = {
+    APIError: _api_error,
+    HTTPException: _http_error,
+    ClientGone: _client_gone,
+    Exception: _server_error,
+}
+
+
+def create_app(state: ServerState, *, bare: bool = False) -> Starlette:
+    """The application for ``state`` (load in the background when it has a loader).
+    ``bare``: routes only, no middleware and no lifespan (a router's model, whose router
+    application has them)."""
     from . import ollama, openai_responses, routes
 
-    cfg = state.config
+    all_routes = routes.ROUTES + ollama.ROUTES + openai_responses.ROUTES
+    if bare:
+        app = Starlette(routes=all_routes, exception_handlers=EXCEPTION_HANDLERS)
+        app.state.server = state
+        return app
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -259,6 +273,14 @@ def create_app(state: ServerState) -> Starlette:
         if state.model is not None:
             state.model.stop(0.0)  # uvicorn has waited for in-flight requests already
 
+    app = wrap_middleware(all_routes, state.config, lifespan)
+    app.state.server = state
+    return app
+
+
+def wrap_middleware(routes: list, cfg: ServerConfig, lifespan: Any) -> Starlette:
+    """An application of ``routes`` behind the server's middleware (access log, Host check,
+    CORS, body limit, API keys) and its error handlers."""
     middleware = [Middleware(accesslog.AccessLogMiddleware),
                   Middleware(HostCheckMiddleware, hosts=allowed_hosts(cfg))]  # fmt: skip
     if cfg.cors_origins:
@@ -268,16 +290,5 @@ def create_app(state: ServerState) -> Starlette:
         ))  # fmt: skip
     middleware.append(Middleware(BodyLimitMiddleware, limit=cfg.max_body))
     middleware.append(Middleware(AuthMiddleware, keys=cfg.api_keys))
-    app = Starlette(
-        routes=routes.ROUTES + ollama.ROUTES + openai_responses.ROUTES,
-        middleware=middleware,
-        exception_handlers={
-            APIError: _api_error,
-            HTTPException: _http_error,
-            ClientGone: _client_gone,
-            Exception: _server_error,
-        },
-        lifespan=lifespan,
-    )
-    app.state.server = state
-    return app
+    return Starlette(routes=routes, middleware=middleware, exception_handlers=EXCEPTION_HANDLERS,
+                     lifespan=lifespan)  # fmt: skip

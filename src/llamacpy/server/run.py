@@ -14,7 +14,7 @@ from typing import Any
 import uvicorn
 
 from . import accesslog
-from .app import ServerState, create_app
+from .app import create_app
 from .transport import Limits, protocol_class
 
 
@@ -23,7 +23,7 @@ class _Server(uvicorn.Server):
     marks the state draining (503 to ``/health`` and new requests, in-flight ones go on)
     and shuts down after ``drain_seconds``; another signal ends the drain early."""
 
-    def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
+    def __init__(self, config: uvicorn.Config, state: Any) -> None:
         super().__init__(config)
         self.state = state
 
@@ -42,15 +42,19 @@ class _Server(uvicorn.Server):
         self.should_exit = True
 
 
-def serve(state: ServerState, *, sock: socket.socket | None = None, log_level: str = "warning",
+def serve(state: Any, *, sock: socket.socket | None = None, log_level: str = "warning",
           access_log: bool = False, on_ready: Any = None) -> None:  # fmt: skip
-    """Serve ``state`` until SIGTERM/SIGINT (or ``server.should_exit``); returns normally."""
+    """Serve ``state`` (a :class:`ServerState`, or a :class:`~.router.Router` of several
+    models) until SIGTERM/SIGINT (or ``server.should_exit``); returns normally."""
     cfg = state.config
     accesslog.configure(access_log)
     limits = Limits(timeout_headers=cfg.timeout_headers, timeout_body=cfg.timeout_body,
                     max_connections=cfg.max_connections)  # fmt: skip
+    from .router import Router, create_router_app
+
+    app = create_router_app(state) if isinstance(state, Router) else create_app(state)
     config = uvicorn.Config(
-        create_app(state),
+        app,
         host=cfg.host,
         port=cfg.port,
         log_level=log_level,
@@ -76,5 +80,5 @@ def serve(state: ServerState, *, sock: socket.socket | None = None, log_level: s
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    if not server.started and state.load_error is None:
+    if not server.started and getattr(state, "load_error", None) is None:
         print("llamacpy serve: the server did not start", file=sys.stderr)
