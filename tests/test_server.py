@@ -331,6 +331,45 @@ def test_queue_full_is_429_and_nothing_is_lost(server):
     assert not any(s["is_processing"] for s in wait_idle(server))
 
 
+API_ROUTES = [  # the other APIs' routes, each with a small valid body
+    ("/v1/messages", {"model": "m", "max_tokens": 2, "messages": [{"role": "user",
+                                                                   "content": "Hi"}]}),
+    ("/v1/messages/count_tokens", {"model": "m", "messages": [{"role": "user", "content": "Hi"}]}),
+    ("/v1/responses", {"model": "m", "input": "Hi", "max_output_tokens": 2}),
+    ("/api/chat", {"model": "m", "stream": False, "options": {"num_predict": 2},
+                   "messages": [{"role": "user", "content": "Hi"}]}),
+    ("/api/generate", {"model": "m", "prompt": "Hi", "stream": False,
+                       "options": {"num_predict": 2}}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("path, body", API_ROUTES, ids=[p for p, _ in API_ROUTES])
+def test_every_api_route_has_the_guards(server, path, body):
+    """Auth, body limit, JSON checks and backpressure apply to the Anthropic, Responses and
+    Ollama routes as to the others; each answers a valid request."""
+    anon = httpx.Client(base_url=server.base, timeout=60)
+    assert anon.post(path, json=body).status_code == 401
+    big = {**body, "pad": "x" * (70 * 1024)}
+    assert server.http.post(path, json=big).status_code == 413
+    r = server.http.post(path, content=b"{nope", headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    r = server.http.post(path, content=b"{}", headers={"content-type": "text/plain"})
+    assert r.status_code == 415
+    assert server.http.post(path, json=body).status_code == 200
+    if path.endswith("count_tokens"):
+        return  # (no completion: never queued)
+    hold = {"prompt": "Tell me a long story.", "n_predict": 30, "temperature": 0,
+            "ignore_eos": True, "stream": True}  # fmt: skip
+    with contextlib.ExitStack() as stack:
+        streams = [stack.enter_context(server.http.stream("POST", "/completion", json=hold))
+                   for _ in range(N_SLOTS + 2)]  # fmt: skip
+        r = server.http.post(path, json=body)
+        assert r.status_code == 429 and r.headers["retry-after"] == "1"
+        for st in streams:
+            list(st.iter_lines())
+    wait_idle(server)
+
+
 def test_disconnect_frees_the_slot(server):
     body = {"prompt": "Write a very long essay.", "n_predict": 400, "temperature": 0,
             "ignore_eos": True, "stream": True}  # fmt: skip
