@@ -147,6 +147,14 @@ def affinity(base: str, args: argparse.Namespace) -> None:
         )
 
 
+def busy(url: str) -> bool:
+    """Whether the replica at ``url`` has a request in a slot."""
+    try:
+        return any(s["is_processing"] for s in httpx.get(url + "/slots", timeout=2).json())
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return False
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-m", "--model", default="smollm2-135m")
@@ -198,19 +206,29 @@ def main() -> int:
         for t in threads:
             t.start()
         time.sleep(max(0.0, t_kill - time.monotonic()))
+        busy_by = time.monotonic() + 5  # kill it while it works on a request, if it gets one
+        while time.monotonic() < busy_by and not busy("http://127.0.0.1:8081"):
+            time.sleep(0.01)
         reps[0].send_signal(signal.SIGKILL)
         reps[0].wait()
-        print(f"t={time.monotonic() - t0:.1f}s: replica 1 killed (SIGKILL)")
+        print(
+            f"t={time.monotonic() - t0:.1f}s: replica 1 killed (SIGKILL), busy: "
+            f"{'no' if time.monotonic() >= busy_by else 'yes'}"
+        )
         time.sleep(max(0.0, t_back - time.monotonic()))
         reps[0] = start_replica(args.model, 8081, tmp / "r0.log")
         print(f"t={time.monotonic() - t0:.1f}s: replica 1 restarted")
         for t in threads:
             t.join()
         report(results, args.seconds)
-        served = collections.Counter(
-            re.findall(r"llamacpy/(r\d+)", (tmp / "haproxy.log").read_text())
-        )
+        log = (tmp / "haproxy.log").read_text()
+        served = collections.Counter(re.findall(r"llamacpy/(r\d+)", log))
         print("  served by: " + ", ".join(f"{k} {v}" for k, v in sorted(served.items())))
+        # httplog's "actconn/feconn/beconn/srv_conn/retries" field after the termination
+        # state: retries > 0 ("+": redispatched to another server) were sent again
+        retried = [m for m in re.findall(r" [A-Za-z-]{4} \d+/\d+/\d+/\d+/(\+?\d+) ", log)
+                   if m.lstrip("+") != "0"]  # fmt: skip
+        print(f"  requests the balancer retried on another replica: {len(retried)}")
         return 0 if not any(o == "hung" for _, o, _, _ in results) else 1
     finally:
         for p in [*reps, hap]:
