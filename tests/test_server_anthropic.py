@@ -93,6 +93,22 @@ def test_bad_requests_name_the_field(patch, needle):
         chat_request(data)
 
 
+def test_reply_blocks_and_stop_reasons():
+    from llamacpy.api.anthropic import content_blocks, stop_reason
+
+    msg = {"content": "Sunny.", "reasoning_content": "check the tool result",
+           "tool_calls": [{"id": "c1", "type": "function",
+                           "function": {"name": "add", "arguments": "{\"a\": 1}"}}]}  # fmt: skip
+    blocks = content_blocks(msg)
+    assert [b["type"] for b in blocks] == ["thinking", "text", "tool_use"]
+    assert blocks[0]["thinking"] == "check the tool result"
+    assert blocks[2] == {"type": "tool_use", "id": "c1", "name": "add", "input": {"a": 1}}
+    assert stop_reason("length", "") == ("max_tokens", None)
+    assert stop_reason("stop", "END") == ("stop_sequence", "END")
+    assert stop_reason("stop", "") == ("end_turn", None)
+    assert stop_reason("tool_calls", "") == ("tool_use", None)
+
+
 def test_stream_events_open_and_close_blocks_in_order():
     ev = MessageEvents("msg_1", "m")
     out = ev.start(5)

@@ -188,6 +188,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="models loaded at once; the least recently used idle one is "
                    "unloaded to make room (default: 4)")  # fmt: skip
     g.add_argument(
+        "--models-autoload",
+        dest="models_autoload",
+        action="store_true",
+        default=True,
+        help="load a model on its first request (default)",
+    )
+    g.add_argument(
         "--no-models-autoload",
         dest="models_autoload",
         action="store_false",
