@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
@@ -582,30 +583,37 @@ def test_loading_is_503_and_embeddings_route_with_embedder():
 
 
 # --------------------------------------------------------------------------- the command
-@pytest.mark.slow
-def test_serve_command_drains_before_it_stops(smollm2_path, tmp_path):
-    """``--drain-seconds``: after SIGTERM, /health and new requests answer 503 (a load
-    balancer takes the replica out and retries elsewhere) while the in-flight stream goes
-    on to its end; then the process exits 0."""
+def serve_process(model: Path, log: Path, *flags: str) -> tuple[subprocess.Popen, str]:
+    """``llamacpy serve`` as a process on a free port (2 slots, 1 thread) with ``flags``,
+    once ``/health`` answers 200 (or after a minute); its output goes to ``log``."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     sock.close()
     env = {**os.environ, "NUMBA_NUM_THREADS": "1"}
-    with open(tmp_path / "log", "w") as out:
+    with open(log, "w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "llamacpy", "serve", "-m", str(smollm2_path), "--port",
-             str(port), "-c", "512", "-np", "2", "-t", "1", "--drain-seconds", "3"],
+            [sys.executable, "-m", "llamacpy", "serve", "-m", str(model), "--port", str(port),
+             "-c", "512", "-np", "2", "-t", "1", *flags],
             stdout=out, stderr=subprocess.STDOUT, env=env,
         )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(base + "/health", timeout=1).status_code == 200:
+                break
+        time.sleep(0.1)
+    return proc, base
+
+
+@pytest.mark.slow
+def test_serve_command_drains_before_it_stops(smollm2_path, tmp_path):
+    """``--drain-seconds``: after SIGTERM, /health and new requests answer 503 (a load
+    balancer takes the replica out and retries elsewhere) while the in-flight stream goes
+    on to its end; then the process exits 0."""
+    proc, base = serve_process(smollm2_path, tmp_path / "log", "--drain-seconds", "3")
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(base + "/health", timeout=1).status_code == 200:
-                    break
-            time.sleep(0.1)
         body = {"prompt": "Count: 1, 2, 3,", "n_predict": 48, "temperature": 0,
                 "ignore_eos": True, "stream": True}  # fmt: skip
         with httpx.stream("POST", base + "/completion", json=body, timeout=60) as r:
@@ -638,33 +646,17 @@ def test_drain_seconds_is_checked(capsys):
     assert "--drain-seconds must be 0..3600" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_serve_command_sigterm_is_graceful(smollm2_path, tmp_path):
     """``llamacpy serve`` as a process: in-flight streams finish after SIGTERM, the process
     exits 0, and the API key never appears in its output (even with -v)."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
     keyfile = tmp_path / "keys"
     keyfile.write_text("# keys\nfile-key-secret\n")
     log = tmp_path / "log"
-    env = {**os.environ, "NUMBA_NUM_THREADS": "1"}
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "llamacpy", "serve", "-m", str(smollm2_path), "--port",
-             str(port), "-c", "512", "-np", "2", "-t", "1", "--api-key-file", str(keyfile),
-             "-v", "--shutdown-timeout", "20"],
-            stdout=out, stderr=subprocess.STDOUT, env=env,
-        )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
+    proc, base = serve_process(smollm2_path, log, "--api-key-file", str(keyfile), "-v",
+                               "--shutdown-timeout", "20")  # fmt: skip
     headers = {"Authorization": "Bearer file-key-secret"}
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(base + "/health", timeout=1).status_code == 200:
-                    break
-            time.sleep(0.1)
         body = {"prompt": "Count: 1, 2, 3,", "n_predict": 24, "temperature": 0,
                 "ignore_eos": True, "stream": True}  # fmt: skip
         with httpx.stream("POST", base + "/completion", json=body, headers=headers,
