@@ -59,7 +59,13 @@ def test_request_metrics_count_what_happened(server):
     with server.stream(
         "POST",
         "/completion",
-        json={"prompt": "Tell me a long story.", "n_predict": 400, "stream": True},
+        json={
+            "prompt": "Tell me a long story.",
+            "n_predict": 400,
+            "stream": True,
+            "ignore_eos": True,
+            "temperature": 0,
+        },
     ) as r:
         for line in r.iter_lines():  # leave after the first streamed token: an abort
             if line.startswith("data: "):
