@@ -26,11 +26,11 @@ import os
 import pickle
 import subprocess
 import sys
-from pathlib import Path
+
+from . import kernel_progress
+from .kernel_progress import _MANIFEST_FILE, _ROOT
 
 ENV = "LLAMACPY_COMPILE_HELPER"
-_ROOT = Path(__file__).resolve().parent  # the llamacpy package
-_MANIFEST_FILE = _ROOT / "kernel_manifest.json"
 
 
 def helper_jobs(command: str) -> list[tuple[str, list[str]]]:
@@ -57,9 +57,7 @@ def start(command: str) -> list[str]:
     none was started)."""
     if os.environ.get(ENV, "1") == "0" or _cpus() < 2:
         return []
-    from .kernel_progress import is_cached
-
-    todo = [kid for kid, _ in helper_jobs(command) if not is_cached(kid)]
+    todo = [kid for kid, _ in helper_jobs(command) if not kernel_progress.is_cached(kid)]
     if not todo:
         return []
     env = dict(os.environ)
@@ -92,13 +90,11 @@ def compile_jobs(jobs: list[tuple[str, list[str]]], parent: int | None = None) -
     """Compile each kernel of ``jobs`` for its recorded signatures (skipping those cached
     and those that cannot be read or compiled); stop once process ``parent`` is gone.
     Returns the ids compiled."""
-    from .kernel_progress import is_cached
-
     done = []
     for kid, sigs in jobs:
         if parent is not None and os.getppid() != parent:
             break
-        if is_cached(kid):
+        if kernel_progress.is_cached(kid):
             continue
         try:
             disp = dispatcher(kid)
