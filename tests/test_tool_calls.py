@@ -314,7 +314,7 @@ def as_assembled(reply):
 
 
 # formats whose calls' arguments stream as the model writes them
-INCREMENTAL = set(CALLS) - {"glm"} | {"llama3"}
+INCREMENTAL = set(CALLS) | {"llama3"}
 
 
 def stream_case(fmt: str | None, think: bool):
@@ -490,12 +490,82 @@ def test_harmony_grammar_parse_and_stream() -> None:
         deltas += tail
         assert "".join(d.get("reasoning_content", "") for d in deltas) == final.reasoning
         assert "".join(d.get("content", "") for d in deltas) == final.content == "Note. Done."
-    s = ReplyStream(plan)
-    for piece in re.split(r"(<\|[a-z]+\|>)", HARMONY_CALL):
-        s.feed(piece)
-    tail, final = s.finish()
-    assert [d["tool_calls"][0]["function"]["name"] for d in tail if "tool_calls" in d] == [
-        "get_weather"]  # fmt: skip
+
+
+def _harmony_pieces(text: str, rng: random.Random) -> list[str]:
+    """``text`` cut as a gpt-oss stream comes: markers whole, other text at random."""
+    out = []
+    for part in re.split(r"(<\|[a-z]+\|>)", text):
+        if part.startswith("<|"):
+            out.append(part)
+            continue
+        i = 0
+        while i < len(part):
+            n = rng.randint(1, 4)
+            out.append(part[i : i + n])
+            i += n
+    return out
+
+
+def test_harmony_calls_stream_as_written() -> None:
+    """A gpt-oss call's name comes first, its arguments as the model writes them (kept as
+    written: the deltas add up to the parsed call), however the reply is cut."""
+    plan = plan_for("harmony", parallel=True)
+    second = ('<|start|>assistant<|channel|>commentary to=functions.add <|constrain|>json'
+              '<|message|>{"a": 2,  "b": 3}<|end|>')  # fmt: skip
+    text = HARMONY_CALL + "<|end|>" + second
+    rng = random.Random(5)
+    for _ in range(10):
+        s = ReplyStream(plan)
+        fed = [d for piece in _harmony_pieces(text, rng) for d in s.feed(piece)]
+        tail, reply = s.finish()
+        assert assemble(fed + tail) == as_assembled(reply)
+        assert [(c.name, c.arguments) for c in reply.tool_calls] == [
+            ("get_weather", '{"city": "Paris"}'), ("add", '{"a": 2,  "b": 3}')]  # fmt: skip
+        args = [tc["function"]["arguments"] for d in fed for tc in d.get("tool_calls", [])
+                if tc["index"] == 0 and tc["function"]["arguments"]]  # fmt: skip
+        assert len(args) >= 3, args  # in pieces, not whole at the end
+    pieces = _harmony_pieces(text, random.Random(6))
+    for n in range(len(pieces) + 1):  # cut short anywhere
+        s = ReplyStream(plan)
+        fed = [d for piece in pieces[:n] for d in s.feed(piece)]
+        tail, reply = s.finish()
+        assert assemble(fed + tail) == as_assembled(reply), "".join(pieces[:n])
+
+
+def test_generic_response_streams_as_it_grows() -> None:
+    """The generic format's reply is one JSON object; a ``response`` is sent as its string
+    grows (escapes and surrogate pairs never split), a cut-short one is what it said."""
+    plan = plan_chat(SOURCES["generic"], TOOLS, "auto", parallel=True)
+    want = 'Hello "there"\\ ok \u00e9\U0001f600 \n end'
+    text = '{"response": ' + json.dumps(want) + "}"  # escapes, a surrogate pair
+    rng = random.Random(3)
+    for _ in range(20):
+        fed, tail, reply = _stream(plan, text, rng)
+        assert reply.content == want and not reply.tool_calls
+        assert assemble(fed + tail) == as_assembled(reply)
+        assert len([d for d in fed if "content" in d]) >= 3  # in pieces
+    for n in range(len(text) + 1):
+        fed, tail, reply = _stream(plan, text[:n], random.Random(n))
+        assert assemble(fed + tail) == as_assembled(reply), text[:n]
+        if n >= len('{"response": "'):  # (before, the reply is the text as it is)
+            assert want.startswith(reply.content), text[:n]
+        if n < len(text):  # the reply (whole, not streamed) of the cut text: the same
+            assert parse_reply(text[:n], plan).content == reply.content
+
+
+def test_glm_values_are_kept_as_written() -> None:
+    """GLM's text values keep their new lines (as llama.cpp reads them); others are JSON."""
+    plan = plan_chat(SOURCES["glm"], TOOLS, "auto", parallel=True)
+    text = ("<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>\nParis\n</arg_value>"
+            "\n</tool_call><tool_call>add <arg_key>a</arg_key><arg_value>2</arg_value>"
+            "<arg_key>b</arg_key><arg_value> 3 </arg_value></tool_call>")  # fmt: skip
+    reply = parse_reply(text, plan)
+    assert [(c.name, json.loads(c.arguments)) for c in reply.tool_calls] == [
+        ("get_weather", {"city": "\nParis\n"}), ("add", {"a": 2, "b": 3})]  # fmt: skip
+    for bad in ("<tool_call>get_weather<arg_key>city</arg_key>x<arg_value>P</arg_value>"
+                "</tool_call>", "<tool_call>add</tool_call> trailing"):  # fmt: skip
+        assert not parse_reply(bad, plan).tool_calls
 
 
 def test_harmony_lazy_triggers() -> None:

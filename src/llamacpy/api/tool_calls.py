@@ -56,7 +56,7 @@ from typing import Any, ClassVar
 from ..errors import UsageError
 from ..grammar.json_schema import GrammarBuilder
 
-MAX_TOOLS = 512
+MAX_TOOLS = 4096  # a tool set past this is refused (the grammar of each is built)
 _NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 _ID_CHARS = string.ascii_letters + string.digits
 THINK_START, THINK_END = "<think>", "</think>"
@@ -242,6 +242,30 @@ def _value_end(text: str, i: int) -> int | None:
     return m.end() if m.end() < len(text) else None
 
 
+_ESC_TAIL = re.compile(r"\\(?:u[0-9A-Fa-f]{0,3})?$")  # an escape the text ends inside
+_HIGH_SURROGATE = re.compile(r"\\u[dD][89abAB][0-9A-Fa-f]{2}$")
+
+
+def _string_so_far(text: str, i: int) -> str | None:
+    """The certain prefix of the JSON string that starts at ``text[i]`` and is unfinished
+    (None: not a string, or not valid so far). An escape the text ends inside, or the first
+    half of a surrogate pair, waits for the next text."""
+    if not text.startswith('"', i):
+        return None
+    body = text[i + 1 :]
+    m = _ESC_TAIL.search(body)
+    if m is not None:
+        # an even run of backslashes before the tail's: the tail's opens an escape
+        run = len(body[: m.start()]) - len(body[: m.start()].rstrip("\\"))
+        if run % 2 == 0:
+            body = body[: m.start()]
+    body = _HIGH_SURROGATE.sub("", body)
+    try:
+        return json.loads('"' + body + '"')
+    except json.JSONDecodeError:
+        return None
+
+
 def _decode(raw: str) -> Any:
     try:
         return json.loads(raw)
@@ -294,14 +318,18 @@ def _set_args(call: PartialCall, text: str, start: int, end: int | None) -> None
     if end is None:
         call.args = text[start:] if text.startswith("{", start) else ""
         return
-    raw = text[start:end]
+    call.args = _args_as_written(text[start:end])
+
+
+def _args_as_written(raw: str) -> str:
+    """Whole arguments JSON ``raw``: an object is kept as written, JSON text in a string is
+    decoded (it must be an object itself)."""
     value = _decode(raw)
     if isinstance(value, dict):
-        call.args = raw
-    elif isinstance(value, str):
-        call.args = _args_text(value)
-    else:
-        raise ToolSyntaxError("the arguments are not a JSON object")
+        return raw
+    if isinstance(value, str):
+        return _args_text(value)
+    raise ToolSyntaxError("the arguments are not a JSON object")
 
 
 def _json_args(text: str, i: int, calls: list[PartialCall], name: str, id: str = "") -> int:
@@ -610,12 +638,13 @@ class Qwen3Coder(ToolFormat):
 
 
 def _xml_args(text: str, i: int, call: PartialCall, props: Mapping[str, Any],
-              head: re.Pattern[str], opener: str, close: str, end: str) -> int:  # fmt: skip
-    """Tagged parameters (``head`` = ``opener``NAME``>``, a value, ``close``) up to ``end``,
-    into ``call.args`` as the JSON object they make (text values as strings, others as
-    JSON when they parse); the index past ``end``. A value is stripped of one new line on
-    each side. While the text is unfinished ``call.args`` is the object's certain prefix:
-    a text value grows with the text."""
+              head: re.Pattern[str], opener: str, close: str, end: str,
+              head_close: str = ">", strip: bool = True) -> int:  # fmt: skip
+    """Tagged parameters (``head`` = ``opener``NAME...``head_close``, a value, ``close``)
+    up to ``end``, into ``call.args`` as the JSON object they make (text values as strings,
+    others as JSON when they parse); the index past ``end``. With ``strip`` a value loses
+    one new line on each side. While the text is unfinished ``call.args`` is the object's
+    certain prefix: a text value grows with the text."""
     parts: list[str] = []
     while True:
         j = _skip_ws(text, i)
@@ -626,20 +655,21 @@ def _xml_args(text: str, i: int, call: PartialCall, props: Mapping[str, Any],
         call.args = "{" + ", ".join(parts)
         if end.startswith(text[j:]):
             raise _Unfinished
-        m = _header(text, j, head, opener, ">")
+        m = _header(text, j, head, opener, head_close)
         pname = m.group(1).strip()
         key = json.dumps(pname, ensure_ascii=False) + ": "
         schema = props.get(pname)
-        v = m.end() + text.startswith("\n", m.end())
+        v = m.end() + (strip and text.startswith("\n", m.end()))
         k = text.find(close, v)
         if k < 0:
             if _is_string_schema(schema):
-                raw = text[v : len(text) - _held(text[v:], ("\n" + close, close))]
+                held = ("\n" + close, close) if strip else (close,)
+                raw = text[v : len(text) - _held(text[v:], held)]
                 key += '"' + json.dumps(raw, ensure_ascii=False)[1:-1]
             call.args = "{" + ", ".join([*parts, key])
             raise _Unfinished
         raw = text[v:k]
-        raw = raw[:-1] if raw.endswith("\n") else raw
+        raw = raw[:-1] if strip and raw.endswith("\n") else raw
         parts.append(key + json.dumps(_xml_value(raw, schema), ensure_ascii=False))
         i = k + len(close)
 
@@ -777,31 +807,30 @@ class Glm(ToolFormat):
         one = g.rule("tool-call", f'"<tool_call>" ({" | ".join(fns)}) "</tool_call>"')
         return g.rule("tool-calls", f"{one} (space {one})*" if parallel else one)
 
-    _CALL = re.compile(r"\s*<tool_call>\s*([^\s<]+)\s*(.*?)</tool_call>", re.DOTALL)
-    _ARG = re.compile(r"\s*<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
+    _NAME = re.compile(r"<tool_call>\s*([^\s<]+)(?=[\s<])")
+    _NAME_SO_FAR = re.compile(r"<tool_call>\s*[^\s<]*")
+    _ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>", re.DOTALL)
 
-    def parse_calls(self, text: str, tools: list[Tool]) -> list[ToolCall]:
+    def scan_calls(self, text: str, calls: list[PartialCall], tools: list[Tool]) -> None:
         by_name = {t.name: t for t in tools}
-        calls, i = [], 0
-        while text[i:].strip():
-            m = self._CALL.match(text, i)
+        i = 0
+        while True:
+            j = _skip_ws(text, i)
+            m = self._NAME.match(text, j)
             if m is None:
-                raise ToolSyntaxError("malformed <tool_call> block")
-            name, body = m.group(1), m.group(2)
-            props = by_name[name].schema().get("properties", {}) if name in by_name else {}
-            args: dict[str, Any] = {}
-            j = 0
-            while body[j:].strip():
-                am = self._ARG.match(body, j)
-                if am is None:
-                    raise ToolSyntaxError("malformed <arg_key>/<arg_value> in a tool call")
-                args[am.group(1).strip()] = _xml_value(am.group(2), props.get(am.group(1).strip()))
-                j = am.end()
-            calls.append(ToolCall(name, json.dumps(args, ensure_ascii=False)))
-            i = m.end()
-        if not calls:
-            raise ToolSyntaxError("no tool call")
-        return calls
+                rest = text[j:]
+                if "<tool_call>".startswith(rest) or self._NAME_SO_FAR.fullmatch(rest):
+                    raise _Unfinished
+                raise ToolSyntaxError(f"expected '<tool_call>NAME' at character {j}")
+            call = PartialCall(m.group(1))
+            calls.append(call)
+            t = by_name.get(call.name)
+            props = t.schema().get("properties", {}) if t is not None else {}
+            # values as written (no new line stripped), as llama.cpp reads GLM's
+            i = _xml_args(text, m.end(), call, props, self._ARG, "<arg_key>", "</arg_value>",
+                          "</tool_call>", head_close="<arg_value>", strip=False)  # fmt: skip
+            if not _more(text, i, "<tool_call>"):
+                return
 
 
 class FunctionaryV31(ToolFormat):
@@ -1064,6 +1093,21 @@ class Generic(ToolFormat):
     def find_start(self, text: str) -> int:
         return _skip_ws(text, 0) if text.strip() else -1
 
+    def response_so_far(self, text: str) -> str | None:
+        """The ``response`` of the reply ``text`` as far as it is certain (None: the reply
+        is not, or not yet, a response)."""
+        try:
+            fields, _ = _object_fields(text, _skip_ws(text, 0))
+        except ToolSyntaxError:
+            return None
+        if not fields or fields[0][0] != "response":
+            return None
+        _, start, end = fields[0]
+        if end is None:
+            return _string_so_far(text, start)
+        value = json.loads(text[start:end]) if text.startswith('"', start) else None
+        return value if isinstance(value, str) else None
+
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
         obj = _decode(text.strip())
         if not isinstance(obj, dict):
@@ -1130,20 +1174,26 @@ def harmony_messages(text: str) -> tuple[list[HarmonyMessage], str]:
     return out, text[i:]
 
 
-def harmony_reply(text: str, plan: ChatPlan, final: bool) -> Reply:
+def harmony_reply(text: str, plan: ChatPlan, final: bool,
+                  partial: list[PartialCall] | None = None) -> Reply:  # fmt: skip
     """Reasoning (analysis), content (final and commentary preambles) and calls (messages
-    to ``functions.NAME``) of a gpt-oss reply; an unfinished reply gives what is certain."""
+    to ``functions.NAME``, arguments as written) of a gpt-oss reply; an unfinished reply
+    gives what is certain, its calls so far in ``partial``."""
     msgs, rest = harmony_messages(text)
     reply = Reply()
     for m in msgs:
         if m.recipient.startswith("functions."):
-            if final:
-                try:
-                    args = _args_text(json.loads(m.body.strip()))
-                except (json.JSONDecodeError, ToolSyntaxError):
-                    reply.content += m.raw
-                    continue
-                reply.tool_calls.append(ToolCall(m.recipient[len("functions.") :], args))
+            name, body = m.recipient[len("functions.") :], m.body.strip()
+            if not final:
+                if partial is not None:  # the body so far (blanks held: they may end it)
+                    partial.append(PartialCall(name, body if body.startswith("{") else ""))
+                continue
+            try:
+                args = _args_as_written(body)
+            except ToolSyntaxError:
+                reply.content += m.raw
+                continue
+            reply.tool_calls.append(ToolCall(name, args))
         elif m.recipient:
             continue  # a built-in tool the request did not offer
         elif m.channel == "analysis" and plan.reasoning:
@@ -1397,6 +1447,9 @@ def _parse(text: str, plan: ChatPlan) -> Reply:
             calls = fmt.parse_calls(text[at:], plan.tools)
             reply.content = _drop(text[:at], plan.dropped).rstrip()
     except (ToolSyntaxError, json.JSONDecodeError, KeyError):
+        if isinstance(fmt, Generic):  # cut short inside the response: what it says so far
+            so_far = fmt.response_so_far(text[at:])
+            reply.content = reply.content if so_far is None else so_far
         return reply
     for c in calls:
         c.id = c.id or new_call_id(fmt.id_length)
@@ -1451,8 +1504,9 @@ class ReplyStream:
     def feed(self, text: str) -> list[dict[str, Any]]:
         self.text += text
         if self.plan.harmony:  # markers are whole special tokens: diff what is certain
-            now = harmony_reply(self.text, self.plan, final=False)
-            return self._diff(now.reasoning, now.content)
+            calls: list[PartialCall] = []
+            now = harmony_reply(self.text, self.plan, final=False, partial=calls)
+            return self._diff(now.reasoning, now.content) + self._call_deltas(calls)
         start, end_tag = self.plan.think
         out: list[dict[str, Any]] = []
         if self.phase == "think?":
@@ -1509,8 +1563,6 @@ class ReplyStream:
                 return []  # may still be a whole-reply call
             else:
                 end = len(body) - _held(body, fmt.starts + plan.dropped)
-        if isinstance(fmt, Generic):
-            return []  # one JSON object: its response is sent at the end
         content = _drop(body[:end], plan.dropped)
         if fmt is not None:  # blanks before a call are not content: hold them
             content = content.rstrip()
@@ -1523,11 +1575,22 @@ class ReplyStream:
     def _calls(self) -> list[dict[str, Any]]:
         fmt = self.plan.fmt
         assert fmt is not None
+        text = self.text[self.calls_at :]
         out = []
-        calls = fmt.stream_calls(self.text[self.calls_at :], self.plan.tools)
+        if isinstance(fmt, Generic):  # one JSON object: a response, or calls
+            response = fmt.response_so_far(text)
+            if response is not None and len(response) > len(self.sent_content):
+                out.append({"content": response[len(self.sent_content) :]})
+                self.sent_content = response
+        calls = fmt.stream_calls(text, self.plan.tools)
+        return out + self._call_deltas(calls, fmt.id_length)
+
+    def _call_deltas(self, calls: list[PartialCall], id_length: int = 32) -> list[dict[str, Any]]:
+        """Deltas for what ``calls`` (as far as read) add to the calls sent so far."""
+        out = []
         for i, c in enumerate(calls):
             if i == len(self.sent_calls):
-                c.id = c.id or new_call_id(fmt.id_length)
+                c.id = c.id or new_call_id(id_length)
                 self.sent_calls.append(PartialCall(c.name, c.args, c.id))
                 out.append(_call_delta(i, c.args, c))
                 continue
@@ -1549,10 +1612,6 @@ class ReplyStream:
 
     def finish(self) -> tuple[list[dict[str, Any]], Reply]:
         reply = _parse(self.text, self.plan)
-        if self.plan.harmony:
-            out = self._diff(reply.reasoning, reply.content)
-            return out + [{"tool_calls": [c.as_json(i)]}
-                          for i, c in enumerate(reply.tool_calls)], reply  # fmt: skip
         sent = self.sent_calls
         calls = reply.tool_calls
         agrees = len(calls) >= len(sent) and all(
@@ -1562,12 +1621,15 @@ class ReplyStream:
             calls = [ToolCall(s.name, s.args, s.id) for s in sent]
             reply = Reply(self.sent_content, reply.reasoning, calls)
         out: list[dict[str, Any]] = []
-        sent_r = self._sent_reasoning_text()
-        if reply.reasoning.startswith(sent_r) and len(reply.reasoning) > len(sent_r):
-            out.append({"reasoning_content": reply.reasoning[len(sent_r) :]})
-        sent_c = self.sent_content
-        if reply.content.startswith(sent_c) and len(reply.content) > len(sent_c):
-            out.append({"content": reply.content[len(sent_c) :]})
+        if self.plan.harmony:
+            out = self._diff(reply.reasoning, reply.content)
+        else:
+            sent_r = self._sent_reasoning_text()
+            if reply.reasoning.startswith(sent_r) and len(reply.reasoning) > len(sent_r):
+                out.append({"reasoning_content": reply.reasoning[len(sent_r) :]})
+            sent_c = self.sent_content
+            if reply.content.startswith(sent_c) and len(reply.content) > len(sent_c):
+                out.append({"content": reply.content[len(sent_c) :]})
         for i, c in enumerate(calls):
             if i >= len(sent):
                 out.append(_call_delta(i, c.arguments, PartialCall(c.name, id=c.id)))
