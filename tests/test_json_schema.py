@@ -112,7 +112,9 @@ def _nested(depth: int) -> str:
             "too large",
         ),
         ({"items": {"type": "string", "pattern": "^(a$"}}, "#/items", "unbalanced"),
-        ({"properties": {"x": True}}, "#/properties/x", "schema must be an object"),
+        ({"properties": {"x": 3}}, "#/properties/x", "schema must be an object"),
+        ({"items": False}, "#/items", "the schema false"),
+        ({"anyOf": [False, False]}, "#/anyOf", "every alternative is the schema false"),
         ({"type": "string", "minLength": -1}, "#", "minLength must be a non-negative"),
         ({"type": "integer", "minimum": 1e30}, "#", "out of the 64-bit integer range"),
         ('{"const": NaN}', "#", "not valid JSON"),
@@ -139,3 +141,21 @@ def test_recursive_schemas_give_recursive_grammars():
         "type": "object", "properties": {"next": {"$ref": "#/$defs/n"}},
         "additionalProperties": False}}})  # fmt: skip
     assert _matches(g, '{"next": {"next": {}}}') and not _matches(g, '{"next": 1}')
+
+
+def test_boolean_schemas_and_the_root_reference():
+    """Past llama.cpp's converter (found in SchemaStore's schemas): ``true`` accepts any
+    value, a ``false`` property may not appear, a ``false`` alternative is left out, and
+    ``{"$ref": "#"}`` refers to the whole document."""
+    g = json_schema_to_grammar({"type": "object", "properties": {"a": True, "b": False},
+                                "additionalProperties": False})  # fmt: skip
+    assert _matches(g, '{"a": [1, {"x": null}]}') and _matches(g, "{}")
+    assert not _matches(g, '{"b": 1}')
+    g = json_schema_to_grammar({"anyOf": [False, {"type": "integer"}]})
+    assert _matches(g, "12") and not _matches(g, '"x"')
+    tree = {"type": "object", "properties": {"v": {"type": "integer"},
+            "kids": {"type": "array", "items": {"$ref": "#"}}},
+            "required": ["v"], "additionalProperties": False}  # fmt: skip
+    g = json_schema_to_grammar(tree)
+    assert _matches(g, '{"v": 1, "kids": [{"v": 2}, {"v": 3, "kids": []}]}')
+    assert not _matches(g, '{"v": 1, "kids": [{"w": 2}]}')

@@ -142,7 +142,7 @@ class _Builder:
     def build_ref(self, value: Any, path: str) -> Node:
         if not isinstance(value, str):
             raise JsonSchemaError(path, "$ref must be a string")
-        if not value.startswith("#/"):
+        if value != "#" and not value.startswith("#/"):  # "#": the whole document
             raise JsonSchemaError(path, f"unsupported $ref {value}, only references into "
                                   "the same document are supported")  # fmt: skip
         if value not in self.refs:
@@ -158,7 +158,10 @@ class _Builder:
         if not alts:
             raise JsonSchemaError(path, "must not be empty")
         node = self.node(kind, path)
-        node.children = [self.build(a, f"{path}/{i}") for i, a in enumerate(alts)]
+        # an alternative that is the schema false matches nothing: it is left out
+        node.children = [self.build(a, f"{path}/{i}") for i, a in enumerate(alts) if a is not False]
+        if not node.children:
+            raise JsonSchemaError(path, "every alternative is the schema false")
         return node
 
     def build_object(self, schema: dict, path: str) -> Node:
@@ -169,8 +172,10 @@ class _Builder:
             props = schema["properties"]
             if not isinstance(props, dict):
                 raise JsonSchemaError(path, "properties must be an object")
+            # a property whose schema is false may not appear: it is left out
             node.properties = [(name, self.build(p, f"{path}/properties/{name}"),
-                                name in required) for name, p in props.items()]  # fmt: skip
+                                name in required) for name, p in props.items()
+                               if p is not False]  # fmt: skip
         if "additionalProperties" in schema:
             extra = schema["additionalProperties"]
             if isinstance(extra, bool):
@@ -231,6 +236,11 @@ class _Builder:
             self.depth -= 1
 
     def build_node(self, schema: Any, path: str) -> Node:
+        if schema is True:  # the boolean schema that accepts every value
+            return self.node(ANY, path)
+        if schema is False:
+            raise JsonSchemaError(path, "the schema false (no valid value) is supported only as "
+                                  "a property's or an alternative's schema")  # fmt: skip
         if not isinstance(schema, dict):
             raise JsonSchemaError(path, "schema must be an object")
         if "$ref" in schema:
