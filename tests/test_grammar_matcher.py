@@ -136,3 +136,39 @@ def test_mask_inside_a_partial_character_allows_continuation_bytes():
         if first == 0xE2:
             g.accept(0x81)
         assert list(np.flatnonzero(g.mask())) == [ord("y")]
+
+
+_NO_COMPILE = """
+import numpy as np
+from numba.core import event
+from llamacpy.grammar.matcher import GrammarMatcher, GrammarVocab
+
+compiled = []
+class Listener(event.Listener):
+    def on_start(self, ev):
+        compiled.append(str(ev.data["dispatcher"].py_func.__qualname__))
+    def on_end(self, ev):
+        pass
+event.register("numba:compile", Listener())
+m = GrammarMatcher('root ::= "{" [a-z]+ "}"', GrammarVocab([b"{", b"ab", b"}", b"x1"], [3]))
+out = np.zeros(4, np.bool_)
+for t in (0, 1, 2):
+    m.mask(out)
+    assert out[t] and m.allows(t)
+    m.accept(t)
+m.clone().reset()
+print("compiled:", m.can_end, compiled)
+"""
+
+
+def test_a_grammar_compiles_nothing_once_cached():
+    """Every kernel a grammar uses is cached on disk: a later process compiles none (numba
+    compiles its typed containers' Python-side helpers in each process: ~3 s of every
+    run with a grammar, before the store was built in a cached kernel)."""
+    import subprocess
+    import sys
+
+    for _ in range(2):  # the first may fill the cache
+        proc = subprocess.run([sys.executable, "-c", _NO_COMPILE], capture_output=True,
+                              text=True, check=True)  # fmt: skip
+    assert proc.stdout.strip().splitlines()[-1] == "compiled: True []", proc.stdout

@@ -43,17 +43,26 @@ UNKNOWN = -2
 HI_ALL = 0x1FFFFF  # the largest code point llama.cpp's decoder can produce
 
 
-def new_store() -> tuple[List, List, List]:
-    """An empty store with the empty stack (id 0) and the dead state (id 0)."""
-    lists = List.empty_list(types.ListType(types.int64))
+_LIST_I64 = types.ListType(types.int64)
+_DICT_I64 = types.DictType(types.int64, types.int64)
+
+
+@njit(cache=True)
+def new_store():
+    """An empty store with the empty stack (id 0) and the dead state (id 0). Built here,
+    not in Python: numba compiles the typed containers' Python-side helpers (make, append,
+    getitem) anew in every process, ~3 s of each run with a grammar."""
+    lists = List.empty_list(_LIST_I64)
     for _ in range(N_LISTS):
         lists.append(List.empty_list(types.int64))
-    dicts = List.empty_list(types.DictType(types.int64, types.int64))
+    dicts = List.empty_list(_DICT_I64)
     for _ in range(N_DICTS):
         dicts.append(Dict.empty(types.int64, types.int64))
     l64 = List.empty_list(types.int64)
-    for i, v in ((S_POS, -1), (S_PARENT, -1), (S_NEXT_OFF, 0), (S_NEXT_N, 0)):
-        lists[i].append(v)
+    lists[S_POS].append(-1)
+    lists[S_PARENT].append(-1)
+    lists[S_NEXT_OFF].append(0)
+    lists[S_NEXT_N].append(0)
     lists[SET_OFF].append(0)
     lists[SET_N].append(0)
     lists[SET_FLAGS].append(F_LOOPS)
@@ -62,6 +71,12 @@ def new_store() -> tuple[List, List, List]:
     l64.append(0)
     l64.append(0)
     return lists, dicts, l64
+
+
+@njit(cache=True)
+def state_flags(lists, state):
+    """A state's flags (read from Python without numba's per-process typed-list helpers)."""
+    return lists[SET_FLAGS][state]
 
 
 @njit(cache=True)

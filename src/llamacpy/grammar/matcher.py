@@ -116,7 +116,7 @@ class GrammarMatcher:
     @property
     def can_end(self) -> bool:
         """The grammar may end here (an end-of-generation token is allowed)."""
-        return bool(self._store[0][K.SET_FLAGS][self.state] & K.F_EMPTY)
+        return bool(K.state_flags(self._store[0], self.state) & K.F_EMPTY)
 
     def _check(self, token: int) -> None:
         if not 0 <= token < self.vocab.n_vocab:
