@@ -142,3 +142,31 @@ def test_chat_tool_calls(fresh, stream):
     with pytest.raises(UsageError, match="not one of the 'tools'"):
         fresh.create_chat_completion(msgs, tools=[WEATHER_TOOL], tool_choice={
             "type": "function", "function": {"name": "nope"}})  # fmt: skip
+
+
+def test_repeated_grammars_reuse_their_matcher_and_stay_independent(smollm2_path):
+    """The latest grammars' matchers are kept (an agent's tools repeat every turn): a
+    repeated grammar's matcher is a new one at the start, sharing the memoized states, and
+    advancing one does not move another; the oldest grammar leaves the cache."""
+    from llamacpy.api import grammar as G
+    from llamacpy.api.tool_calls import parse_tools, plan_chat
+    from llamacpy.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_gguf(smollm2_path)
+    tools = parse_tools([{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}}])  # fmt: skip
+    plans = [plan_chat("", tools, "required", parallel=False) for _ in range(2)]
+    for p in plans:
+        p.build_grammar()
+    assert plans[0].grammar is plans[1].grammar  # the text was kept
+    a = G.grammar_matcher(plans[0].grammar, tok)
+    b = G.grammar_matcher(plans[1].grammar, tok)
+    assert a is not b and a._store is b._store  # one parse, shared memo
+    for t in tok.encode('{"tool_call": {"name": "f", "arguments": {"x": 1', add_special=False):
+        assert a.allows(t)
+        a.accept(t)
+    assert a.state != b.state and b.state == b.start
+    first = next(iter(G._MATCHERS))
+    for i in range(G.MATCHER_CACHE_SIZE):
+        G.grammar_matcher(f'root ::= "{i}"', tok)
+    assert first not in G._MATCHERS and len(G._MATCHERS) == G.MATCHER_CACHE_SIZE

@@ -5,7 +5,9 @@ llama.cpp server's rules: an empty schema is any JSON object)."""
 from __future__ import annotations
 
 import os
+import threading
 import warnings
+from collections import OrderedDict
 from typing import Any
 
 from ..errors import UsageError
@@ -89,14 +91,39 @@ def response_format_schema(response_format: Any, json_schema: Any = None) -> Any
     return json_schema
 
 
+# the latest grammars' matchers, per vocabulary: a request that repeats a grammar (an agent
+# sends the same tools every turn) skips its parse and starts with the states met before
+MATCHER_CACHE_SIZE = 8
+_MATCHERS: OrderedDict[tuple[str, int], tuple[GrammarVocab, GrammarMatcher]] = OrderedDict()
+_MATCHERS_LOCK = threading.Lock()
+
+
 def grammar_matcher(grammar: LlamaGrammar | str, tokenizer: Any) -> GrammarMatcher:
     """A fresh matcher for ``grammar`` (a :class:`LlamaGrammar` or GBNF text) over the
-    tokenizer's vocabulary (built once per tokenizer); ``<piece>`` tokens resolved."""
+    tokenizer's vocabulary (built once per tokenizer); ``<piece>`` tokens resolved. The
+    parsed grammar and its memoized states are kept for the latest
+    :data:`MATCHER_CACHE_SIZE` grammars: a matcher is a clone at the start state."""
     text = grammar._grammar if isinstance(grammar, LlamaGrammar) else grammar
+    vocab = GrammarVocab.from_tokenizer(tokenizer)
+    key = (text, id(vocab))
+    with _MATCHERS_LOCK:
+        hit = _MATCHERS.get(key)
+        if hit is not None and hit[0] is vocab:
+            _MATCHERS.move_to_end(key)
+            m = hit[1].clone()
+            m.reset()
+            return m
     parsed = parse_grammar(
         text, tokenize=lambda s: tokenizer.encode(s, add_special=False, parse_special=True)
     )
-    return GrammarMatcher(parsed, GrammarVocab.from_tokenizer(tokenizer))
+    template = GrammarMatcher(parsed, vocab)
+    with _MATCHERS_LOCK:
+        _MATCHERS[key] = (vocab, template)
+        while len(_MATCHERS) > MATCHER_CACHE_SIZE:
+            _MATCHERS.popitem(last=False)
+    m = template.clone()
+    m.reset()
+    return m
 
 
 def grammar_sampler(grammar: LlamaGrammar | str, tokenizer: Any) -> GrammarSampler:

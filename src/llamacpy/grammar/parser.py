@@ -8,6 +8,7 @@ and repetitions (``name_N``) and their order are llama.cpp's, so rule ``i`` here
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -54,6 +55,9 @@ def _is_word(c: str) -> bool:
     return ("a" <= c <= "z") or ("A" <= c <= "Z") or c == "-" or ("0" <= c <= "9")
 
 
+_WORD = re.compile(r"[a-zA-Z0-9-]*")  # _is_word, run by the regex engine
+_PLAIN = re.compile(r'[^"\\\0]+')  # literal text without escapes or an end
+
 _ESCAPES = {"t": "\t", "r": "\r", "n": "\n", "\\": "\\", '"': '"', "[": "[", "]": "]", "-": "-"}
 
 
@@ -85,9 +89,7 @@ class _Parser:
         return pos
 
     def name_end(self, pos: int) -> int:
-        end = pos
-        while _is_word(self.src[end]):
-            end += 1
+        end = _WORD.match(self.src, pos).end()  # type: ignore[union-attr]
         if end == pos:
             raise self.fail("expecting name", pos)
         return end
@@ -299,6 +301,11 @@ class _Parser:
         while self.src[pos] != '"':
             if self.src[pos] == "\0":
                 raise self.fail("unexpected end of input (unterminated string)", pos)
+            m = _PLAIN.match(self.src, pos)
+            if m is not None:  # a run of plain characters at once
+                rule.extend((CHAR, ord(c)) for c in m.group())
+                pos = m.end()
+                continue
             cp, pos = self.char(pos)
             rule.append((CHAR, cp))
         return self.space(pos + 1, nested)
