@@ -22,6 +22,12 @@ tokens before it is masked over the whole vocabulary, then the token is accepted
   /root/oracle/py) in a subprocess; without it only our numbers are printed.
 
 Median and p99 over the positions. The vocabulary trie's build time is reported apart.
+
+``--decode``: generation with and without the grammar, ``llamacpy run`` beside
+``llama-completion -no-cnv`` (``LLAMACPY_ORACLE_BIN``), greedy, ``-t 1``, alternating rounds:
+tokens per second of decode (eval + sampling per token) and the sampling time per token from
+each tool's own timing lines (the same format). The grammar's cost is the sampling time it
+adds per token, as a share of a token's decode time.
 """
 
 from __future__ import annotations
@@ -29,7 +35,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -41,6 +49,11 @@ from llamacpy.registry import ModelRegistry
 from llamacpy.tokenizer import Tokenizer
 
 ORACLE_PY = os.environ.get("LLAMACPY_ORACLE_PY", "/root/oracle/py")
+ORACLE_BIN = Path(
+    os.environ.get(
+        "LLAMACPY_ORACLE_BIN", "/root/oracle/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin"
+    )
+)
 ROOT = Path(__file__).resolve().parent.parent
 GRAMMAR = ROOT / "tests/fixtures/grammar/gbnf/json.gbnf"
 MODELS = ("smollm2-135m", "gemma3-270m")
@@ -152,12 +165,68 @@ def oracle(path: Path, ids: list[int], grammar: str) -> dict | None:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+_SAMPLING = re.compile(r"sampling time =\s+([\d.]+) ms(?: /\s+(\d+) runs)?")
+_EVAL = re.compile(r"        eval time =\s+([\d.]+) ms /\s+(\d+) runs")
+DECODE_PROMPT = "Describe a person as a JSON object with name, age, city and hobbies:"
+
+
+def _timings(stderr: str) -> dict[str, tuple[float, int]]:
+    """Sampling and eval (ms, count) from the timing lines (llama.cpp prints the sampling
+    count only in some cases: then one per generated token)."""
+    e = _EVAL.search(stderr)
+    sm = _SAMPLING.search(stderr)
+    if e is None or sm is None:
+        raise RuntimeError("no timing lines in:\n" + stderr[-2000:])
+    n_eval = int(e.group(2))
+    n_samp = int(sm.group(2)) if sm.group(2) else n_eval + 1
+    return {"eval time": (float(e.group(1)), n_eval), "sampling time": (float(sm.group(1)), n_samp)}
+
+
+def decode(path: Path, rounds: int, n: int) -> None:
+    """Decode speed with and without json.gbnf, ours and llama.cpp's, alternating."""
+    common = ["-m", str(path), "-c", "1024", "-n", str(n), "--temp", "0", "-t", "1",
+              "-p", DECODE_PROMPT]  # fmt: skip
+    sides = {"llamacpy": [sys.executable, "-m", "llamacpy", "run", *common]}
+    if (ORACLE_BIN / "llama-completion").exists():
+        sides["llama.cpp"] = [str(ORACLE_BIN / "llama-completion"), "-no-cnv", *common]
+    runs: dict[tuple[str, bool], list[dict]] = {}
+    for _ in range(rounds):
+        for side, cmd in sides.items():
+            for g in (False, True):
+                extra = ["--grammar-file", str(GRAMMAR)] if g else []
+                proc = subprocess.run(cmd + extra, capture_output=True, text=True, check=True)
+                runs.setdefault((side, g), []).append(_timings(proc.stderr))
+    for side in sides:
+        per = {}
+        for g in (False, True):
+            t = runs[(side, g)]
+            eval_ms = np.median([r["eval time"][0] / max(r["eval time"][1], 1) for r in t])
+            samp_ms = np.median([r["sampling time"][0] / max(r["sampling time"][1], 1) for r in t])
+            per[g] = (eval_ms, samp_ms, int(np.median([r["eval time"][1] for r in t])))
+            label = "with json.gbnf" if g else "no grammar    "
+            print(f"  {side:9s} {label}: {per[g][2]:4d} tokens, eval {eval_ms:6.2f} ms/token, "
+                  f"sampling {samp_ms:6.3f} ms/token, decode {1e3 / (eval_ms + samp_ms):6.1f} "
+                  f"tokens/s")  # fmt: skip
+        added = per[True][1] - per[False][1]
+        share = added / (per[True][0] + per[True][1])
+        print(f"  {side:9s} the grammar adds {added:6.3f} ms of sampling per token: "
+              f"{100 * share:.1f}% of a token's decode time")  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeat", type=int, default=2, help="passes over the document (>= 2)")
     ap.add_argument("--grammar", choices=["json", "tools"], default="json")
+    ap.add_argument("--decode", action="store_true", help="generation with and without it")
+    ap.add_argument("--rounds", type=int, default=3, help="--decode: alternating rounds")
+    ap.add_argument("-n", type=int, default=128, help="--decode: tokens to generate")
     args = ap.parse_args()
     registry = ModelRegistry.from_environment()
+    if args.decode:
+        for name in MODELS:
+            print(f"{name}:")
+            decode(registry.pull(name, quiet=True), args.rounds, args.n)
+        return
     if args.grammar == "tools":
         grammar, doc = tool_case()
         print(f"document: a {len(doc)}-character tool call; grammar: 24 tools, "
