@@ -69,6 +69,7 @@ class CompletionOptions:
     echo_logprobs: bool = False
     text_offset: int = 0  # characters before the completion (OpenAI text_offset)
     cache_prompt: bool = True
+    n_cache_reuse: int = 0  # see engine.scheduler.Request
     id_slot: int = -1
     timeout: float | None = None
     grammar: Any = None  # a fresh GrammarMatcher (see ServingModel.grammar_matcher)
@@ -503,6 +504,7 @@ class ServingModel:
                 prompt=prompt,
                 handler=handler,
                 cache_prompt=opts.cache_prompt,
+                n_cache_reuse=opts.n_cache_reuse,
                 prompt_logits=opts.echo_logprobs,
                 id_slot=opts.id_slot if i == 0 else -1,
                 deadline=None if opts.timeout is None else time.monotonic() + opts.timeout,

@@ -69,6 +69,17 @@ def positive_int(text: str) -> int:
     return n
 
 
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer of at least 0."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return n
+
+
 def byte_size(text: str) -> int:
     """argparse type: a size in bytes such as ``500M`` or ``2G`` (see ``gguf.split.parse_size``)."""
     from ..gguf.split import parse_size

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
-from . import add_compat_args, add_context_args, add_warmup_arg, context_params
+from . import add_compat_args, add_context_args, add_warmup_arg, context_params, non_negative_int
 from .run import add_sampling_args, sampling_params
 from .spec import add_spec_args, slot_speculators
 
@@ -95,6 +95,7 @@ def _serve(args: argparse.Namespace) -> int:
         metrics=args.metrics,
         slot_save_path=_slot_dir(args.slot_save_path),
         spm_infill=args.spm_infill,
+        cache_reuse=args.cache_reuse,
         allowed_hosts=tuple(h.strip() for h in (args.allowed_hosts or "").split(",") if h.strip()),
         reasoning_format=args.reasoning_format,
         reasoning_budget=args.reasoning_budget,
@@ -266,6 +267,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "forced (-1: no limit, 0: no thinking; default: -1)")  # fmt: skip
     p.add_argument("--reasoning-budget-message", default="",
                    help="text written before the forced end of a reasoning block")  # fmt: skip
+    p.add_argument("--cache-reuse", type=non_negative_int, default=0, metavar="N",
+                   help="reuse cached chunks of at least N tokens that a new prompt repeats "
+                   "after its common prefix, moving them in the cache (requests' "
+                   "n_cache_reuse; 0: off; needs a cache that holds every position)")  # fmt: skip
     p.add_argument("--spm-infill", action="store_true",
                    help="/infill: suffix before prefix (SPM order) instead of prefix first")  # fmt: skip
     p.add_argument(

@@ -249,6 +249,15 @@ class Context:
         return not isinstance(self.kv, HybridMemory | RecurrentMemory)
 
     @property
+    def can_shift(self) -> bool:
+        """Cached positions can be moved (``seq_add``, the keys re-roped): a KV cache that
+        holds every position (not a window, as llama.cpp's iSWA unless ``--swa-full``, nor
+        recurrent states). The servers' ``--cache-reuse`` needs it."""
+        if isinstance(self.kv, ISWACache):
+            return self.kv.swa.n_ctx == self.kv.base.n_ctx
+        return isinstance(self.kv, KVCache)
+
+    @property
     def can_snapshot(self) -> bool:
         """The memory keeps states that cannot be rewound, but can be copied and put back
         (:meth:`seq_snapshot`, :meth:`seq_restore`): the servers' prefix checkpoints."""

@@ -85,12 +85,16 @@ class Request:
     prompt: list[int]
     handler: SeqHandler
     cache_prompt: bool = True
+    # llama-server's n_cache_reuse: after the common prefix, cached chunks of at least this
+    # many tokens that the prompt repeats further on are moved there (0: off)
+    n_cache_reuse: int = 0
     prompt_logits: bool = False  # logits of every prompt token (no prefix reuse)
     id_slot: int = -1  # a slot to use (-1: any)
     deadline: float | None = None  # time.monotonic() after which generation stops
     id: int = field(default_factory=lambda: next(_ids))
     slot: int = -1
     n_cached: int = 0  # prompt tokens reused from the slot's cache
+    n_shifted: int = 0  # ... of which moved to another position (n_cache_reuse)
     n_decoded: int = 0  # tokens generated (sampled)
     state: str = "new"  # queued -> prompt -> generating -> done
     t_submit: float = 0.0
@@ -123,6 +127,7 @@ class Slot:
     # takes its next one (-1: none)
     checkpoints: list[tuple[int, Any]] = field(default_factory=list)
     checkpoint_at: int = -1
+    n_shifted: int = 0  # its latest request's tokens reused from moved chunks
     spec: Any = None  # the slot's Speculator (speculative decoding)
     drafts: list[int] = field(default_factory=list)  # proposals in this step's batch
 
@@ -147,6 +152,7 @@ class Counters:
     n_draft_tokens: int = 0  # speculative decoding: proposals verified, accepted, rounds
     n_draft_accepted: int = 0
     n_draft_steps: int = 0
+    n_cache_shifted: int = 0  # prompt tokens reused from moved chunks (n_cache_reuse)
 
 
 def _batch(tok: list[int], pos: list[int], seq: list[int], want: list[bool]) -> Batch:
@@ -333,7 +339,8 @@ class Scheduler:
         return sum(s.busy for s in self.slots)
 
     def info(self) -> list[dict[str, Any]]:
-        """One dict per slot: id, n_ctx, is_processing, id_task, n_past (cached tokens)."""
+        """One dict per slot: id, n_ctx, is_processing, id_task, n_past (cached tokens),
+        n_cache_reused (its latest request's prompt tokens reused from moved chunks)."""
         return [
             {
                 "id": s.id,
@@ -341,6 +348,7 @@ class Scheduler:
                 "is_processing": s.busy,
                 "id_task": s.request.id if s.request is not None else -1,
                 "n_past": len(s.tokens),
+                "n_cache_reused": s.n_shifted,
             }
             for s in self.slots
         ]
@@ -510,12 +518,17 @@ class Scheduler:
     def _assign(self, slot: Slot, r: Request) -> None:
         n_keep = 0
         if r.cache_prompt and not r.prompt_logits:
-            n_keep = common_prefix(slot.tokens, r.prompt)
+            n_keep = prefix = common_prefix(slot.tokens, r.prompt)
+            if r.n_cache_reuse > 0 and self.ctx.can_shift:
+                n_keep = self._reuse_chunks(slot, r, n_keep)
             n_keep = min(n_keep, len(r.prompt) - 1)  # decode the last one again: its logits
+            r.n_shifted = max(0, n_keep - prefix)
+            self.counters.n_cache_shifted += r.n_shifted
             if n_keep < len(slot.tokens):  # a sliding-window cache may not go back that far
                 want, n_keep = n_keep, self.ctx.n_keep(slot.id, n_keep)
                 if n_keep < want:  # a state that cannot be rewound: its latest checkpoint
                     n_keep = self._restore(slot, want)
+        slot.n_shifted = r.n_shifted
         if n_keep < len(slot.tokens):
             self.ctx.seq_rm(slot.id, n_keep, -1)
             del slot.tokens[n_keep:]
@@ -531,6 +544,32 @@ class Scheduler:
                 r, "error", f"the prompt ({len(r.prompt)} tokens) does not fit the slot context "
                 f"({slot.n_ctx} tokens)"
             )  # fmt: skip
+
+    def _reuse_chunks(self, slot: Slot, r: Request, n_past: int) -> int:
+        """llama-server's cache reuse: past the common prefix, every run of at least
+        ``r.n_cache_reuse`` cached tokens that the prompt continues with is moved to its
+        place in the prompt (the cells between are dropped, the keys re-roped); returns the
+        prompt tokens the cache now holds in order. The moved chunks keep what they
+        attended to before: an approximation, as in llama.cpp."""
+        cache, prompt = slot.tokens, r.prompt
+        head_c = head_p = head_c_0 = n_past
+        while head_c < len(cache) and head_p < len(prompt):
+            n = 0
+            while (head_c + n < len(cache) and head_p + n < len(prompt)
+                   and cache[head_c + n] == prompt[head_p + n]):  # fmt: skip
+                n += 1
+            if n < r.n_cache_reuse:
+                head_c += 1
+                continue
+            self.ctx.seq_rm(slot.id, head_p, head_c)
+            self.ctx.seq_add(slot.id, head_c, head_c + n, head_p - head_c)
+            n_past += n
+            head_c += n
+            head_p += n
+        if n_past > head_c_0:  # the cache holds the prompt's first n_past tokens, leftovers
+            self.ctx.seq_rm(slot.id, n_past, -1)
+            slot.tokens[:] = prompt[:n_past]
+        return n_past
 
     def _restore(self, slot: Slot, want: int) -> int:
         """Back to the slot's latest checkpoint within the first ``want`` tokens; returns

@@ -57,6 +57,7 @@ class ServerConfig:
     max_connections: int = 100
     metrics: bool = False
     spm_infill: bool = False  # /infill puts the suffix first (--spm-infill)
+    cache_reuse: int = 0  # default n_cache_reuse of requests (--cache-reuse; 0: off)
     slot_save_path: str = ""  # directory of slot files ("": save/restore answer 501)
     allowed_hosts: tuple[str, ...] = ()  # () = the loopback names when bound to loopback
     reasoning_format: str = "deepseek"  # default of chat requests' reasoning_format

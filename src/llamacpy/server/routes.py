@@ -424,6 +424,8 @@ async def _completion(
             echo_logprobs=creq.echo and creq.logprobs is not None,
             text_offset=len(text) if kind == "completion" else 0,
             cache_prompt=creq.cache_prompt, id_slot=creq.id_slot if k == 0 else -1,
+            n_cache_reuse=(st.config.cache_reuse if creq.n_cache_reuse is None
+                           else creq.n_cache_reuse),
             timeout=timeout, grammar=grammar if k == 0 or grammar is None else grammar.clone(),
             preserved=preserved, reasoning_budget=budget, budget_message=message,
             think_open=plan is not None and plan.think_open,

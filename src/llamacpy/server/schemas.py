@@ -199,6 +199,7 @@ class CompletionRequest:
     post_sampling_probs: bool = False
     echo: bool = False
     cache_prompt: bool = True
+    n_cache_reuse: int | None = None  # None: the server's --cache-reuse
     id_slot: int = -1
     return_tokens: bool = False
     model: str | None = None
@@ -342,6 +343,8 @@ def parse_completion(data: dict[str, Any], kind: str, n_vocab: int) -> Completio
     if so is not None:
         r.include_usage = Fields(so).bool("include_usage", False)
     r.cache_prompt = f.bool("cache_prompt", True)
+    if f.has("n_cache_reuse"):
+        r.n_cache_reuse = f.int("n_cache_reuse", 0, 0, 1 << 20)
     r.id_slot = f.int("id_slot", -1, -1, 1 << 16)
     r.return_tokens = f.bool("return_tokens", False)
     if f.has("t_max_predict_ms"):
