@@ -3,7 +3,8 @@
 
     .venv/bin/python scripts/make_rerank_fixtures.py [--server BIN] [--hf-python PY]
 
-For each reranker of ``tests/rerank_cases.py`` (all-MiniLM-L6-v2 with a seeded head):
+For each reranker of ``tests/rerank_cases.py`` (all-MiniLM-L6-v2 with a seeded head; and a
+tiny random Qwen3-Reranker, llama-server's answers only):
 
 * llama-server (``--reranking``) answers every request of ``REQUESTS``: status and body;
 * llama-embedding ``--pooling rank`` prints the scores of ``CLI_PROMPT``;
@@ -32,7 +33,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 from llamacpy.fileio import atomic_write  # noqa: E402
-from rerank_cases import CLI_PROMPT, DOCUMENTS, HEADS, QUERY, REQUESTS, head_weights, write_reranker  # noqa: E402
+from rerank_cases import (  # noqa: E402
+    CLI_PROMPT,
+    DOCUMENTS,
+    HEADS,
+    QUERY,
+    QWEN3_N_CTX,
+    REQUESTS,
+    head_weights,
+    write_qwen3_reranker,
+    write_reranker,
+)
 
 OUT = ROOT / "tests" / "fixtures" / "embeddings" / "rerank.json"
 BIN = "/root/oracle/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin/llama-server"
@@ -77,10 +88,11 @@ def _post(url: str, body: dict) -> tuple[int, object]:
         return e.code, json.loads(e.read() or b"null")
 
 
-def server_answers(binary: str, model: Path) -> list[dict]:
+def server_answers(binary: str, model: Path, n_ctx: int = 512) -> list[dict]:
     port = _port()
     proc = subprocess.Popen(
-        [binary, "-m", str(model), "--reranking", "-c", "512", "-np", "1", "-t", "1", "--port", str(port)],
+        [binary, "-m", str(model), "--reranking", "-c", str(n_ctx), "-np", "1", "-t", "1",
+         "--port", str(port)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
@@ -131,6 +143,8 @@ def main() -> int:
             result.setdefault("llama_embedding", {})[kind] = [
                 ln for ln in lines.splitlines() if ln.startswith("rerank score")
             ]
+        qwen3 = write_qwen3_reranker(Path(tmp) / "qwen3-reranker.gguf")
+        result["llama_server"]["qwen3"] = server_answers(args.server, qwen3, QWEN3_N_CTX)
         heads = {k: {n: a.tolist() for n, a in head_weights(k).items()} for k in HEADS}
         spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "hf.json"
         spec_path.write_text(json.dumps({"heads": heads, "pairs": pairs}))

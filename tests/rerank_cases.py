@@ -68,3 +68,39 @@ def write_reranker(minilm_gguf: Path, kind: str, out: Path) -> Path:
         w.add_tensor(name, 0, arr.shape[::-1], np.ascontiguousarray(arr))
     w.write()
     return out
+
+
+# llama.cpp's convert_hf_to_gguf.py gives Qwen3-Reranker files this rerank template
+QWEN3_RERANK_TEMPLATE = (
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query "
+    'and the Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n'
+    "<|im_start|>user\n<Instruct>: Given a web search query, retrieve relevant passages that "
+    "answer the query\n<Query>: {query}\n<Document>: {document}<|im_end|>\n"
+    "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+)
+
+
+QWEN3_N_CTX = 2048  # byte tokens: a pair's prompt is ~550-900 tokens
+
+
+def write_qwen3_reranker(out: Path) -> Path:
+    """A tiny random qwen3 (Q8_0, as ``llamacpy.models.tiny``) made a Qwen3-Reranker as the
+    converter makes one: rank pooling, labels ``yes``/``no``, a ``cls.output`` of two rows
+    (the LM head's "yes" and "no" rows in a real file; seeded random here) and the rerank
+    template."""
+    from llamacpy.gguf import GGMLType, GGUFReader, GGUFValueType, GGUFWriter
+    from llamacpy.gguf.writer import copy_to_writer
+    from llamacpy.models.tiny import TINY_SHAPE, write_tiny_llama
+
+    base = out.with_name(out.stem + "-base.gguf")
+    write_tiny_llama(base, GGMLType.Q8_0, seed=3, arch="qwen3", n_ctx=QWEN3_N_CTX)
+    w = copy_to_writer(GGUFReader(base), GGUFWriter(out))
+    w.add("qwen3.pooling_type", 4, GGUFValueType.UINT32)
+    w.add("qwen3.classifier.output_labels", ["yes", "no"], GGUFValueType.ARRAY,
+          GGUFValueType.STRING)  # fmt: skip
+    w.add("tokenizer.chat_template.rerank", QWEN3_RERANK_TEMPLATE)
+    rng = np.random.default_rng(20261203)
+    head = (rng.standard_normal((2, TINY_SHAPE["n_embd"])) * 0.05).astype(np.float32)
+    w.add_tensor("cls.output.weight", 0, head.shape[::-1], head)
+    w.write()
+    return out

@@ -20,7 +20,17 @@ import pytest
 
 from llamacpy.api.rerank import parse_rerank_request, rerank_response, rerank_tokens
 from llamacpy.errors import ModelError, UsageError
-from rerank_cases import CLI_PROMPT, DOCUMENTS, HEADS, QUERY, REQUESTS, head_weights, write_reranker
+from rerank_cases import (
+    CLI_PROMPT,
+    DOCUMENTS,
+    HEADS,
+    QUERY,
+    QWEN3_N_CTX,
+    REQUESTS,
+    head_weights,
+    write_qwen3_reranker,
+    write_reranker,
+)
 from test_server import running
 
 FIXTURE = json.loads((Path(__file__).parent / "fixtures/embeddings/rerank.json").read_text())
@@ -103,6 +113,36 @@ def test_server_answers_as_llama_server(rerankers):
             assert {res["document"]["text"] for res in body["results"]} == {"a", "b"}
             for route in ("/reranking", "/v1/reranking", "/rerank"):
                 assert httpx.post(base + route, json=REQUESTS[0]["body"]).status_code == 200
+
+
+def test_qwen3_reranker_as_llama_server(tmp_path):
+    """A causal reranker (Qwen3-Reranker's form, on a tiny random qwen3): the pair in the
+    file's rerank template, the last token's hidden state through ``cls.output`` ("yes",
+    "no") and a softmax; the probability of "yes" within 1e-4 of llama-server's, every
+    request of the cases answered as llama-server answers it."""
+    from llamacpy.server import ServerConfig, ServerState
+
+    path = write_qwen3_reranker(tmp_path / "qwen3-reranker.gguf")
+    # (llama-server: -b 2048 -ub 512, so a pair of more than 512 tokens takes two ubatches)
+    llm = _llm(path, n_ctx=QWEN3_N_CTX, n_batch=QWEN3_N_CTX, n_ubatch=512)
+    got = np.array(llm.rerank(QUERY, DOCUMENTS))
+    np.testing.assert_allclose(got, _cpp_scores("qwen3"), rtol=0, atol=1e-4)
+    state = ServerState(ServerConfig(), embedder=llm, model_name="m")
+    with running(state) as base:
+        for case, ref in zip(REQUESTS, FIXTURE["llama_server"]["qwen3"], strict=True):
+            r = httpx.post(base + "/v1/rerank", json=case["body"], timeout=300)
+            assert r.status_code == ref["status"], (case["name"], r.text)
+            want, got_ = ref["body"], r.json()
+            if r.status_code != 200:
+                assert got_["error"]["message"] == want["error"]["message"]
+                continue
+            if isinstance(want, dict):
+                assert got_["usage"] == want["usage"]  # the same prompt tokens
+                want, got_ = want["results"], got_["results"]
+            assert [g["index"] for g in got_] == [w["index"] for w in want], case["name"]
+            for g, w in zip(got_, want, strict=True):
+                label = "score" if "score" in w else "relevance_score"
+                assert abs(g[label] - w[label]) < 1e-4, case["name"]
 
 
 def test_refusals(rerankers, minilm_f32):

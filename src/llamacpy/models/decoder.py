@@ -31,6 +31,7 @@ from ..ops.threads import new_barrier
 from . import stages
 from .backend import Backend, backend
 from .common import RopeOverrides, UBatchArrays, lazy_zeros, rope_params
+from .rank_head import load_rank_head
 from .spec import Fused, Param, Tensor, check_tensors, read_hparams, shape_of
 from .weights import Experts, Matrix, TensorSource, Vector, WeightStore, row_slice
 
@@ -98,6 +99,7 @@ class Decoder:
     tensors: ClassVar[tuple[Tensor | Fused, ...]] = LLAMA_TENSORS
     params: ClassVar[tuple[Param, ...]] = ()
     unsupported: ClassVar[tuple[str, ...]] = ()  # tensor name endings of variants refused
+    rank_softmax: ClassVar[bool] = False  # a reranker's scores go through a softmax
     block: ClassVar[tuple[str, ...]] = LLAMA_BLOCK
     rope_neox: ClassVar[bool] = False
     partial_rope: ClassVar[bool] = False  # rope may rotate only the first n_rot dimensions
@@ -222,7 +224,10 @@ class Decoder:
                 )
         be.place_weights(store, source)
         rp = rope_params(md, cls.arch, hp.n_rot, hp.n_ctx_train, cls.rope_neox, rope)
-        return cls(hp, rp, store, glob, blk, md, be)
+        model = cls(hp, rp, store, glob, blk, md, be)
+        # a causal reranker (Qwen3-Reranker): its last token's hidden state to cls.output
+        model.rank_head = load_rank_head(mf, source, cls.arch, hp.n_embd, cls.rank_softmax)
+        return model
 
     def __init__(
         self,

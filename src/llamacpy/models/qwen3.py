@@ -12,10 +12,11 @@ from .decoder import BIASES, LLAMA_BLOCK, LLAMA_TENSORS, QK_NORM_TENSORS, Decode
 class Qwen3Model(Decoder):
     arch = "qwen3"
     tensors = LLAMA_TENSORS + QK_NORM_TENSORS
-    unsupported = ("attn_qkv.weight", *BIASES, "ffn_gate_inp.weight", "cls_out.weight")
+    unsupported = ("attn_qkv.weight", *BIASES, "ffn_gate_inp.weight")
     # per-head rms_norm(q) * attn_q_norm, rms_norm(k) * attn_k_norm, before rope
     block = after(LLAMA_BLOCK, "qkv", "qk_norm")
     rope_neox = True
+    rank_softmax = True  # Qwen3-Reranker: softmax over the "yes" and "no" scores
 
 
 MODEL = Qwen3Model

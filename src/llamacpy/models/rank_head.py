@@ -4,7 +4,9 @@ A reranker scores a (query, document) pair: the pooled hidden state of the pair 
 token of an encoder) goes through ``cls`` (``dense``, then ``tanh``: RoBERTa-style heads,
 when the file has it) and ``cls.output`` (a projection to ``n_cls_out`` scores, when the
 file has it), as ``llm_graph_context::build_pooling``. ``n_cls_out`` is the length of
-``{arch}.classifier.output_labels`` (1 without it). The score of a pair is the first value.
+``{arch}.classifier.output_labels`` (1 without it); qwen3's scores then go through a softmax
+(a causal reranker: ``cls.output`` holds the LM head's "yes" and "no" rows, so the score is
+the probability of "yes"). The score of a pair is the first value.
 
 The head is small (one or two matrices of ``n_embd`` rows), so it runs in numpy on
 dequantized weights, summed in double.
@@ -31,6 +33,7 @@ class RankHead:
     out: np.ndarray | None  # [n_cls_out, n_embd] or None
     out_b: np.ndarray | None
     labels: tuple[str, ...]
+    softmax: bool = False
 
     @property
     def n_cls_out(self) -> int:
@@ -49,10 +52,16 @@ class RankHead:
             x = self.out.astype(np.float64) @ x
             if self.out_b is not None:
                 x = x + self.out_b
-        return x[: self.n_cls_out].astype(_F32)
+        x = x[: self.n_cls_out].astype(_F32)
+        if self.softmax:  # ggml_soft_max, in f32
+            e = np.exp(x - x.max())
+            x = e / e.sum(dtype=_F32)
+        return x
 
 
-def load_rank_head(mf: GGUFModelFile, source: TensorSource, arch: str, n_embd: int):
+def load_rank_head(
+    mf: GGUFModelFile, source: TensorSource, arch: str, n_embd: int, softmax: bool = False
+):
     """The file's classification head, or None when it has neither ``cls`` nor
     ``cls.output`` (the model cannot rank). Shapes are checked against ``n_embd`` and the
     labels."""
@@ -79,4 +88,4 @@ def load_rank_head(mf: GGUFModelFile, source: TensorSource, arch: str, n_embd: i
         if dense_b is not None or out_b is not None:
             raise ModelError("the classifier head has biases but no 'cls' / 'cls.output' weight")
         return None
-    return RankHead(dense, dense_b, out, out_b, tuple(labels))
+    return RankHead(dense, dense_b, out, out_b, tuple(labels), softmax)
