@@ -14,7 +14,9 @@ factors; ``phi3_long``: the same file in a context of 512, above the original co
 chooses), ``llama_swa`` (a llama file with ``llama.attention.sliding_window`` = 4),
 ``smollm3``, ``qwen3moe`` (4 experts, 2 used), ``mixtral`` (a llama file with 4 experts),
 ``gpt-oss``, ``gemma2`` (attention and final logit soft-caps, even layers sliding-window)
-``olmo2`` and ``olmo2_swa`` (OLMo 3's sliding-window layers, YaRN on the global one). ``--cases A,B`` recomputes those cases only and keeps the others' fixtures.
+``olmo2`` and ``olmo2_swa`` (OLMo 3's sliding-window layers, YaRN on the global one),
+``deepseek2`` (latent attention; V3's router: sigmoid, selection bias, grouped experts),
+``deepseek2_v2`` (V2's softmax router) and ``deepseek2_yarn`` (DeepSeek's YaRN K.Q scale). ``--cases A,B`` recomputes those cases only and keeps the others' fixtures.
 
 The oracle runs in a subprocess (``--oracle-py``, the llama-cpp-python interpreter); the
 tests never need it.
