@@ -16,7 +16,8 @@ chooses), ``llama_swa`` (a llama file with ``llama.attention.sliding_window`` = 
 ``gpt-oss``, ``gemma2`` (attention and final logit soft-caps, even layers sliding-window)
 ``olmo2`` and ``olmo2_swa`` (OLMo 3's sliding-window layers, YaRN on the global one),
 ``deepseek2`` (latent attention; V3's router: sigmoid, selection bias, grouped experts),
-``deepseek2_v2`` (V2's softmax router) and ``deepseek2_yarn`` (DeepSeek's YaRN K.Q scale). ``--cases A,B`` recomputes those cases only and keeps the others' fixtures.
+``deepseek2_v2`` (V2's softmax router), ``deepseek2_yarn`` (DeepSeek's YaRN K.Q scale) and
+``deepseek2_lite`` (26 layers, q without low rank, as V2-Lite). ``--cases A,B`` recomputes those cases only and keeps the others' fixtures.
 
 The oracle runs in a subprocess (``--oracle-py``, the llama-cpp-python interpreter); the
 tests never need it.

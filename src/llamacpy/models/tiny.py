@@ -93,6 +93,9 @@ LLAMA_CPP_CASES: dict[str, tuple[str, dict, int]] = {
     "deepseek2": ("deepseek2", {}, 64),
     "deepseek2_v2": ("deepseek2", {"gating": 1, "groups": 0, "weights_norm": 0}, 64),
     "deepseek2_yarn": ("deepseek2", {"rope": "yarn"}, 64),  # DeepSeek's YaRN and kq_scale
+    # V2-Lite's layout: q without low rank (llama.cpp: only in files of 26 or 27 layers);
+    # V3's router (with V2's, token 15 of the F32 file meets a near tie of two experts)
+    "deepseek2_lite": ("deepseek2", {"q_lora": 0, "n_layer": 26}, 64),
 }
 GEMMA2_SOFTCAPS = (1.0, 3.0)  # tiny gemma2: attention and final logit soft-caps
 PHI3_ORIG_CTX = 256  # phi3: rope.scaling.original_context_length (long factors above it)
@@ -607,7 +610,6 @@ DEEPSEEK2_SHAPE = {
     "n_expert": 8, "n_expert_used": 2, "n_ff_exp": 64, "n_shared": 2, "n_dense_lead": 1,
     "gating": 2, "groups": 4, "groups_used": 2, "weights_norm": 1,
 }  # fmt: skip
-DEEPSEEK2_V2 = {"gating": 1, "groups": 0, "weights_norm": 0}  # V2: softmax, no groups/bias
 
 
 def write_tiny_deepseek2(
@@ -623,7 +625,8 @@ def write_tiny_deepseek2(
     ``attn_v_b``; latent 96, rope 32, nope 32, value 32; one KV head), 8 experts of FFN size
     64 (2 used) behind a sigmoid router with a selection bias ``exp_probs_b``, in 4 groups of
     which 2 are used, the weights normalized and scaled by 2.5, and 2 shared experts
-    (``gating`` 1: V2's softmax router without groups or bias, weights not normalized).
+    (``gating`` 1: V2's softmax router without groups or bias, weights not normalized;
+    ``q_lora`` 0: q direct, ``attn_q``, as V2-Lite's files; llama.cpp needs 26 or 27 layers).
     ``rope`` ``"yarn"``: YaRN (factor 4 over an original context of 64) with DeepSeek's
     log multiplier (``mscale_all_dim`` 1)."""
     s = {**DEEPSEEK2_SHAPE, **shape}
@@ -642,6 +645,8 @@ def write_tiny_deepseek2(
            "expert_count": s["n_expert"], "expert_used_count": s["n_expert_used"],
            "expert_feed_forward_length": s["n_ff_exp"], "expert_shared_count": s["n_shared"],
            "expert_gating_func": s["gating"], "vocab_size": s["n_vocab"]}  # fmt: skip
+    if not s["q_lora"]:  # (llama.cpp reads q directly only in files of 26 or 27 layers)
+        del u32["attention.q_lora_rank"]
     if s["groups"]:
         u32 |= {"expert_group_count": s["groups"], "expert_group_used_count": s["groups_used"]}
     for key, v in u32.items():
@@ -667,9 +672,12 @@ def _add_deepseek2_tensors(w, rng, t: GGMLType, s: dict) -> None:
     for i in range(s["n_layer"]):
         p = f"blk.{i}."
         vec(p + "attn_norm.weight", norm())
-        mat(p + "attn_q_a.weight", s["q_lora"], e)
-        vec(p + "attn_q_a_norm.weight", norm(s["q_lora"]))
-        mat(p + "attn_q_b.weight", h * (s["nope"] + nr), s["q_lora"])
+        if s["q_lora"]:
+            mat(p + "attn_q_a.weight", s["q_lora"], e)
+            vec(p + "attn_q_a_norm.weight", norm(s["q_lora"]))
+            mat(p + "attn_q_b.weight", h * (s["nope"] + nr), s["q_lora"])
+        else:  # (lite files: q direct)
+            mat(p + "attn_q.weight", h * (s["nope"] + nr), e)
         mat(p + "attn_kv_a_mqa.weight", r + nr, e)
         vec(p + "attn_kv_a_norm.weight", norm(r))
         mat(p + "attn_k_b.weight", r, s["nope"], h)
