@@ -393,6 +393,18 @@ def test_deepseek2_q8_0_any_ubatch_and_threads(model_dir: Path, n_ubatch, n_thre
     np.testing.assert_array_equal(got, FIX["deepseek2.Q8_0.logits"])
 
 
+@pytest.mark.parametrize(("n_ubatch", "n_threads"), [(80, 2), (80, 1), (7, 2)])
+def test_deepseek2_q8_0_long_prompt(model_dir: Path, n_ubatch, n_threads) -> None:
+    """80 tokens in one ubatch (tiled attention) or in ubatches of 7 (rows): llama.cpp's
+    logits at the same ubatch size, bit for bit, with 1 or 2 threads."""
+    path = tiny(model_dir, "deepseek2", GGMLType.Q8_0)
+    tokens = np.random.default_rng(7).integers(3, 259, 80).tolist()  # as the fixture's
+    p = _params(n_ctx=256, n_batch=128, n_ubatch=n_ubatch, n_threads=n_threads,
+                n_threads_batch=n_threads)  # fmt: skip
+    got = Context(path, p).decode(Batch.from_tokens(tokens, logits="all"))
+    np.testing.assert_array_equal(got, FIX[f"deepseek2.Q8_0.long{n_ubatch}"])
+
+
 def test_deepseek2_cache_holds_latent_rows_only(model_dir: Path) -> None:
     """The cache of a latent-attention layer is one row of kv_lora_rank + rope dims per
     token (f16: 2 bytes each), no V rows (the values are read from the same rows)."""
