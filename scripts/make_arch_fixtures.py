@@ -14,7 +14,11 @@ factors; ``phi3_long``: the same file in a context of 512, above the original co
 chooses), ``llama_swa`` (a llama file with ``llama.attention.sliding_window`` = 4),
 ``smollm3``, ``qwen3moe`` (4 experts, 2 used), ``mixtral`` (a llama file with 4 experts),
 ``gpt-oss``, ``gemma2`` (attention and final logit soft-caps, even layers sliding-window)
-``olmo2`` and ``olmo2_swa`` (OLMo 3's sliding-window layers, YaRN on the global one). ``--cases A,B`` recomputes those cases only and keeps the others' fixtures.
+``olmo2`` and ``olmo2_swa`` (OLMo 3's sliding-window layers, YaRN on the global one),
+``deepseek2`` (latent attention; V3's router: sigmoid, selection bias, grouped experts),
+``deepseek2_v2`` (V2's softmax router), ``deepseek2_yarn`` (DeepSeek's YaRN K.Q scale) and
+``deepseek2_lite`` (26 layers, q without low rank, as V2-Lite); ``LONG_CASES`` add logits of
+80 tokens at given ubatch sizes (deepseek2: 80, tiled attention, and 7). ``--cases A,B`` recomputes those cases only and keeps the others' fixtures.
 
 The oracle runs in a subprocess (``--oracle-py``, the llama-cpp-python interpreter); the
 tests never need it.
@@ -44,6 +48,18 @@ TOKENS = [1, 50, 72, 101, 108, 108, 111, 33, 200, 3, 77, 140, 9, 250, 31, 66, 10
 PROMPT = [1, 84, 104, 101, 32, 99]
 N_GREEDY = 16
 CASES = LLAMA_CPP_CASES  # case -> (arch, tiny-model options, n_ctx)
+# Q8_0 cases also run on a longer prompt at these ubatch sizes (64+: tiled attention):
+# ``{case}.Q8_0.long{ubatch}`` logits of LONG_TOKENS in a context of 256
+LONG_CASES = {"deepseek2": (80, 7)}
+LONG_TOKENS = np.random.default_rng(7).integers(3, 259, 80).tolist()
+ORACLE_LONG = """
+import json, numpy as np
+from llama_cpp import Llama
+m = Llama({path!r}, n_ctx=256, n_batch=128, n_ubatch={ub}, logits_all=True, verbose=False,
+          flash_attn=True, n_threads=2)
+m.eval({tokens})
+print(json.dumps(np.array(m.scores[:{n}], dtype=np.float32).tolist()))
+"""
 TYPES = (GGMLType.F32, GGMLType.Q8_0)
 
 ORACLE_PY = "/root/oracle/py/bin/python"  # the llama-cpp-python interpreter
@@ -110,6 +126,14 @@ def main() -> None:
                 out[f"{key}.sha256"] = np.array(hashlib.sha256(path.read_bytes()).hexdigest())
                 mx = np.abs(out[f"{key}.logits"]).max()
                 print(f"{key}: |logits| max {mx:.3f}, greedy {res['greedy']}")
+                for ub in LONG_CASES.get(case, ()) if t == GGMLType.Q8_0 else ():
+                    code = ORACLE_LONG.format(path=str(path), ub=ub, tokens=LONG_TOKENS,
+                                              n=len(LONG_TOKENS))  # fmt: skip
+                    r = subprocess.run([args.oracle_py, "-c", code], capture_output=True, text=True)
+                    if r.returncode != 0:
+                        raise RuntimeError(f"oracle failed:\n{r.stderr[-3000:]}")
+                    rows = json.loads(r.stdout.strip().splitlines()[-1])
+                    out[f"{key}.long{ub}"] = np.array(rows, np.float32)
     np.savez_compressed(FIX / "arch_logits.npz", **out)
 
 

@@ -96,7 +96,8 @@ class Context:
             )  # fmt: skip
         return KVCache(
             hp.n_layer, hp.n_head_kv, hp.n_embd_head_k, self.n_ctx,
-            zeros=model.backend.zeros, **kw,
+            zeros=model.backend.zeros, v_is_k=getattr(model, "kv_v_is_k", False),
+            rope_offset=getattr(model, "kv_rope_offset", 0), **kw,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ info

@@ -55,10 +55,23 @@ class KVCache(Memory):
         n_seq_max: int = 1,
         zeros=lazy_zeros,
         n_swa: int = 0,
+        v_is_k: bool = False,
+        rope_offset: int = 0,
     ) -> None:
         """``zeros(shape, dtype)``: the storage of the K and V cells (the model's backend's
-        memory; numpy arrays on the CPU); ``n_swa``: the layers' sliding window (0: none)."""
+        memory; numpy arrays on the CPU); ``n_swa``: the layers' sliding window (0: none);
+        ``v_is_k``: the values are read from the key rows (deepseek2's latent rows: no V is
+        stored, ``type_v`` is ``type_k``); ``rope_offset``: where the roped part of a key row
+        starts (what a K-shift rotates)."""
         self.type_k, self.type_v = cache_type(type_k), cache_type(type_v)
+        if v_is_k:
+            if self.type_k == KV_Q8_0:
+                raise UsageError(
+                    "this model's cache rows are latent vectors read as keys and values; "
+                    "a q8_0 K cache is not supported for them (use f16 or f32)"
+                )
+            self.type_v = self.type_k
+        self.v_is_k, self.rope_offset = v_is_k, rope_offset
         for t in (self.type_k, self.type_v):
             if t == KV_Q8_0 and head_dim % 32:
                 raise UsageError(
@@ -69,7 +82,7 @@ class KVCache(Memory):
         rb = max(kv_row_bytes(self.type_k, head_dim), kv_row_bytes(self.type_v, head_dim))
         self.row_bytes = rb
         self.k = zeros((n_layer, n_head_kv, n_ctx, rb), np.uint8)
-        self.v = zeros((n_layer, n_head_kv, n_ctx, rb), np.uint8)
+        self.v = self.k if v_is_k else zeros((n_layer, n_head_kv, n_ctx, rb), np.uint8)
         self.pos = np.full(n_ctx, -1, np.int32)
         self.seq = np.zeros((n_ctx, (n_seq_max + 63) // 64), np.uint64)
         self.shift = np.zeros(n_ctx, np.int32)
@@ -105,7 +118,7 @@ class KVCache(Memory):
     # ------------------------------------------------------------------ queries
     @property
     def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
+        return self.k.nbytes + (0 if self.v_is_k else self.v.nbytes)
 
     def _has(self, seq_id: int) -> np.ndarray:
         w, b = divmod(seq_id, 64)
@@ -287,6 +300,7 @@ class KVCache(Memory):
                 r.packed(),
                 freqs,
                 r.neox,
+                self.rope_offset,
             )
         self.shift[:] = 0
         self.has_shift = False

@@ -180,6 +180,12 @@ class Decoder:
                 f"{hp.n_layer} layers"
             )
         check_tensors(cls.arch, hp, cls.tensors, shapes, cls.unsupported)
+        cls.check_heads(hp)
+        return hp
+
+    @classmethod
+    def check_heads(cls, hp: HParams) -> None:
+        """The head sizes the attention stages support."""
         d = hp.n_embd_head_k
         if cls.partial_rope:
             rot_ok, rule = 0 < hp.n_rot <= d and hp.n_rot % 2 == 0, ">= rope dims (even)"
@@ -195,7 +201,6 @@ class Decoder:
                 f"unsupported shape: head size ({d}), n_embd ({hp.n_embd}) and n_ff "
                 f"({hp.n_ff}) must be multiples of 16"
             )
-        return hp
 
     @classmethod
     def load(
@@ -223,11 +228,18 @@ class Decoder:
                     f"{m.type.name} block size {qk}"
                 )
         be.place_weights(store, source)
-        rp = rope_params(md, cls.arch, hp.n_rot, hp.n_ctx_train, cls.rope_neox, rope)
+        rp = cls.rope_params(md, hp, rope)
         model = cls(hp, rp, store, glob, blk, md, be)
         # a causal reranker (Qwen3-Reranker): its last token's hidden state to cls.output
         model.rank_head = load_rank_head(mf, source, cls.arch, hp.n_embd, cls.rank_softmax)
         return model
+
+    @classmethod
+    def rope_params(
+        cls, md: Mapping[str, Any], hp: HParams, ov: RopeOverrides | None
+    ) -> RopeParams:
+        """The rope of a model + context (llama.cpp's hparams and cparams)."""
+        return rope_params(md, cls.arch, hp.n_rot, hp.n_ctx_train, cls.rope_neox, ov)
 
     def __init__(
         self,
@@ -293,7 +305,7 @@ class Decoder:
             int(self.expert_weights_norm), self.expert_gating, self.expert_act,
             *(hp.extra.get(k, 0) for k in SSM_KEYS), hp.norm_rms_eps, kq_scale, q_scale,
             self.embd_scale(), self.logit_softcap(), self.expert_weights_scale,
-            self.attn_logit_softcap(),
+            self.attn_logit_softcap(), *(hp.extra.get(k, 0) for k in MLA_KEYS),
         )  # fmt: skip
         self.model_row = m
         self.rope_arr = np.stack([self.rope.packed(), self.rope_swa.packed()])
@@ -368,11 +380,26 @@ class Decoder:
 _NO_ORDER = np.zeros(0, np.int32)  # attend cells in cell order
 # The Gated DeltaNet sizes of the model row (hp.extra; 0: no recurrent layers)
 SSM_KEYS = ("ssm_d_conv", "ssm_d_state", "ssm_n_group", "ssm_dt_rank", "ssm_d_inner")
+# The expert groups and latent attention sizes of the model row (hp.extra; 0: none)
+MLA_KEYS = ("n_expert_groups", "n_group_used", "n_lora_q", "n_lora_kv", "head_k_mla", "head_v_mla")
 
 # The activation kinds each input of a layer is quantized to: those of the matrices that
 # read it (the layer table's need_* fields).
 NEEDS = {
-    "need_qkv": ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha"),
+    "need_qkv": (
+        "attn_q",
+        "attn_k",
+        "attn_v",
+        "attn_qkv",
+        "attn_gate",
+        "ssm_beta",
+        "ssm_alpha",
+        "attn_q_a",
+        "attn_kv_a_mqa",
+    ),
+    "need_q_b": ("attn_q_b",),
+    "need_k_b": ("attn_k_b",),
+    "need_v_b": ("attn_v_b",),
     "need_out": ("attn_output", "ssm_out"),
     "need_ffn": ("ffn_gate", "ffn_up", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps"),
     "need_down": ("ffn_down", "ffn_down_exps"),
@@ -405,7 +432,9 @@ def _read(decls, mf: GGUFModelFile, store: WeightStore, source: TensorSource, hp
                 out[f] = store.matrix(row_slice(info, r0, n))
                 r0 += n
     for d in decls:
-        if d.per_layer != (i is not None) or not isinstance(d, Tensor) or d.field in out:
+        if d.per_layer != (i is not None) or not isinstance(d, Tensor):
+            continue
+        if out.get(d.field) is not None:  # (two declarations of a field: the first present)
             continue
         name = d.name.format(i=i)
         if not mf.has_tensor(name):
@@ -434,8 +463,13 @@ class Workspace:
     outputs). Zero-filled lazily by the OS: untouched pages cost no memory."""
 
     def __init__(self, hp: HParams, n_tokens: int, n_threads: int) -> None:
-        e, f, d = hp.n_embd, max(hp.n_ff, hp.extra.get("n_ff_exp", 0)), hp.n_embd_head_k
+        x = hp.extra
+        e, d = hp.n_embd, hp.n_embd_head_k
+        f = max(hp.n_ff, x.get("n_ff_exp", 0), x.get("n_ff_shexp", 0), x.get("n_expert", 0))
         qd, kvd = hp.n_head * d, hp.n_head_kv * d
+        # latent attention: q's low-rank rows; group scores (thread rows of head size)
+        f = max(f, x.get("n_lora_q", 0))
+        d = max(d, x.get("n_expert_groups", 0) + 2)
         # gated attention (qwen35): attn_q gives a gate per query (kept in G); Gated
         # DeltaNet layers: channels in Q, the gate z in U, outputs in ATT (stages.delta_net_*)
         gate = qd if hp.extra.get("attn_output_gate") else 0

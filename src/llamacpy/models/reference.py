@@ -376,13 +376,30 @@ def ffn_router(r: Reference, p: Pass, L) -> None:
         p.sel, w = route_numpy(logits, k, False, 0.0)
         _, p.wts = route_numpy(softmax_ggml_numpy(w), k, norm, scale)  # w keeps its order
         return
-    if M["expert_gating"] == GATING_SIGMOID:  # chosen by sigmoid + bias, weighted by sigmoid
-        probs = sigmoid_numpy(logits)
+    grouped = int(M["n_expert_groups"]) > 1
+    if M["expert_gating"] == GATING_SIGMOID or grouped or L["ffn_exp_probs_b"] >= 0:
+        # chosen by the probabilities + bias (within the best groups), weighted by them
+        sig = M["expert_gating"] == GATING_SIGMOID
+        probs = sigmoid_numpy(logits) if sig else softmax_ggml_numpy(logits)
         biased = (probs + r.bias(L["ffn_exp_probs_b"], probs.shape[1])).astype(_F32)
+        if grouped:
+            biased = group_mask_numpy(biased, int(M["n_expert_groups"]), int(M["n_group_used"]))
         p.sel, _ = route_numpy(biased, k, False, 0.0)
         _, p.wts = route_numpy(np.take_along_axis(probs, p.sel, -1), k, norm, scale)
         return
     p.sel, p.wts = route_numpy(softmax_ggml_numpy(logits), k, norm, scale)
+
+
+def group_mask_numpy(sel: np.ndarray, n_groups: int, n_used: int) -> np.ndarray:
+    """Selection scores ``[n, n_expert]`` with the experts outside each row's ``n_used``
+    best groups at -inf (a group scored by the sum of its two best)."""
+    g = sel.reshape(len(sel), n_groups, -1)
+    top2 = -np.sort(-g, axis=-1, kind="stable")[..., :2]
+    score = (top2[..., 0] + top2[..., 1]).astype(_F32)
+    best = np.argsort(-score, axis=-1, kind="stable")[:, :n_used]
+    keep = np.zeros(score.shape, bool)
+    np.put_along_axis(keep, best, True, -1)
+    return np.where(keep[..., None], g, _F32(-np.inf)).reshape(sel.shape).astype(_F32)
 
 
 def _moe(r: Reference, p: Pass, L) -> np.ndarray:
@@ -418,6 +435,9 @@ def ffn_moe_keep(r: Reference, p: Pass, L) -> None:
 
 def ffn_shexp_gate(r: Reference, p: Pass, L) -> None:
     """A shared expert's gate ``sigmoid(h . ffn_gate_inp_shexp)`` per row."""
+    if L["ffn_gate_inp_shexp"] < 0:  # a shared expert without a gate (deepseek2)
+        p.shexp_gate = np.ones(len(p.h), _F32)
+        return
     w = r.vec(L["ffn_gate_inp_shexp"], int(r.M["n_embd"]))
     p.shexp_gate = shared_gate_numpy(p.h, w)
 
@@ -427,6 +447,79 @@ def ffn_shexp_down(r: Reference, p: Pass, L) -> None:
     added to the routed experts' sum, then to the residual."""
     shared = (r.mm(L["ffn_down"], p.g) * p.shexp_gate[:, None]).astype(_F32)
     p.x = ((p.moe + shared).astype(_F32) + p.x).astype(_F32)
+
+
+# ----------------------------------------------------------------------------- latent attention
+def _mla(r: Reference) -> tuple[int, int, int, int, int, int]:
+    """(heads, latent size, query head size, its nope part, value head size, cache row)."""
+    M = r.M
+    hk, nr = int(M["head_k_mla"]), int(M["n_rot"])
+    return (
+        int(M["n_head"]),
+        int(M["n_lora_kv"]),
+        hk,
+        hk - nr,
+        int(M["head_v_mla"]),
+        int(M["head_dim"]),
+    )
+
+
+def mla_q(r: Reference, p: Pass, L) -> None:
+    """``kv_a = h . attn_kv_a_mqa`` (in ``k``); the queries ``rms_norm(h . attn_q_a) *
+    attn_q_a_norm . attn_q_b``, or ``h . attn_q``."""
+    p.k = r.mm(L["attn_kv_a_mqa"], p.h)
+    if L["attn_q"] >= 0:
+        p.q = r.mm(L["attn_q"], p.h)
+    else:
+        p.q = r.mm(L["attn_q_b"], r.norm(r.mm(L["attn_q_a"], p.h), L["attn_q_a_norm"]))
+
+
+def mla_kv(r: Reference, p: Pass, L) -> None:
+    """The rope parts of the queries and of the shared key rotated, the latent normed, the
+    cache row (latent | rope key) stored (``k``: the rows, ``q``: the heads before
+    absorption)."""
+    _H, lr, hk, nope, _hv, _d = _mla(r)
+    n, part = len(p.q), p.parts[0]
+    q = _heads(p.q, hk).copy()
+    q[:, :, nope:] = rope_numpy(q[:, :, nope:], p.ub.pos, r.model.rope, p.factors)
+    pe = rope_numpy(p.k[:, None, lr:], p.ub.pos, r.model.rope, p.factors)[:, 0]
+    p.q, p.k = q, np.concatenate([r.norm(p.k[:, :lr], L["attn_kv_a_norm"]), pe], axis=1)
+    for t, cell in enumerate(part.cells[:n]):
+        store_row_numpy(part.kc[int(L["kv_index"]), 0, cell], p.k[t], p.k_type)
+
+
+def mla_absorb(r: Reference, p: Pass, L) -> None:
+    """Each head's query in the latent: ``q_nope_h . attn_k_b_h`` | its rope part."""
+    H, lr, _hk, nope, _hv, d = _mla(r)
+    q = np.zeros((len(p.q), H, d), _F32)
+    for h in range(H):
+        q[:, h, :lr] = r.mm(L["attn_k_b"] + h, np.ascontiguousarray(p.q[:, h, :nope]))
+    q[:, :, lr:] = p.q[:, :, nope:]
+    p.q = q.reshape(len(q), -1)
+
+
+def mla_attention(r: Reference, p: Pass, L) -> None:
+    """MQA over the cache rows, each the key and the value (the latent part is used)."""
+    d, li, part = int(r.M["head_dim"]), int(L["kv_index"]), p.parts[0]
+    keys = load_rows_numpy(part.kc[li, 0, : part.n_kv], d, p.k_type)[None]
+    mask = part.mask[:, : part.n_kv]
+    if part.order is not None:
+        keys, mask = keys[:, part.order], mask[:, part.order]
+    att = attention_numpy(
+        _heads(p.q, d), keys, keys, mask, p.k_type, p.k_type, part.mode, p.n_threads,
+        r.M["kq_scale"],
+    )  # fmt: skip
+    p.att = att.reshape(len(att), -1)
+
+
+def mla_out(r: Reference, p: Pass, L) -> None:
+    """Each head's value ``att_h[:latent] . attn_v_b_h``, then ``x += att . attn_output``."""
+    H, lr, _hk, _nope, _hv, d = _mla(r)
+    att = _heads(p.att, d)
+    o = np.concatenate(
+        [r.mm(L["attn_v_b"] + h, np.ascontiguousarray(att[:, h, :lr])) for h in range(H)], axis=1
+    )
+    p.x = p.x + r.mm(L["attn_output"], o)
 
 
 # ----------------------------------------------------------------------------- gated attention
@@ -553,6 +646,11 @@ STAGES: dict[str, Stage] = {
         ffn_moe_keep,
         ffn_shexp_gate,
         ffn_shexp_down,
+        mla_q,
+        mla_kv,
+        mla_absorb,
+        mla_attention,
+        mla_out,
         q_gate,
         attn_gate,
         delta_net_in,

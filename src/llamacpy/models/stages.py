@@ -109,10 +109,21 @@ LAYER_DTYPE = np.dtype(
             "ffn_down_exps_bias",
             "ffn_gate_inp_shexp",  # a shared expert's one-row gate (qwen35moe)
             "ffn_exp_probs_b",  # sigmoid gating: bias of the experts' selection scores
+            "attn_q_a",  # multi-head latent attention (deepseek2): low-rank q, its norm,
+            "attn_q_b",  # q's up-projection, the compressed kv | shared rope key, its norm,
+            "attn_kv_a_mqa",  # each head's absorbed key (q_nope -> latent) and value
+            "attn_k_b",  # (latent -> head value) matrices (head h: + h)
+            "attn_v_b",
+            "attn_q_a_norm",
+            "attn_kv_a_norm",
+            "n_ff",  # the layer's FFN size when not the model's (deepseek2's shared experts)
             "need_qkv",
             "need_out",
             "need_ffn",
             "need_down",
+            "need_q_b",  # multi-head latent attention: the inputs of attn_q_b, attn_k_b,
+            "need_k_b",  # attn_v_b
+            "need_v_b",
             "swa",
             "recurrent",  # a recurrent layer (state rows instead of KV cells)
             "moe",  # the layer's FFN is a mixture of experts (its router exists)
@@ -156,6 +167,12 @@ MODEL_DTYPE = np.dtype(
         ("softcap", np.float32),  # logits -> c * tanh(logits / c) when c > 0
         ("expert_scale", np.float32),  # experts' weights are multiplied by this (0, 1: not)
         ("attn_softcap", np.float32),  # attention scores -> c * tanh(s / c) when c > 0
+        ("n_expert_groups", np.int64),  # experts chosen from the best groups (0, 1: none)
+        ("n_group_used", np.int64),  # ... of these many groups
+        ("n_lora_q", np.int64),  # multi-head latent attention (0: none): q's rank (0: direct)
+        ("n_lora_kv", np.int64),  # the latent's size (the cache row: latent | rope key)
+        ("head_k_mla", np.int64),  # a head's query/key size (nope | rope) before absorption
+        ("head_v_mla", np.int64),  # a head's value size after attn_v_b
     ]
 )
 # Per worker: rows the stages work on (the last layer's FFN runs on the output rows only)
@@ -535,8 +552,9 @@ def ffn_post_attn_norm(c, L, clk):
 
 @njit(cache=True, inline="always")
 def _gate_up(c, L, act, clk):
-    """``g = act(h . ffn_gate) * (h . ffn_up)`` (act 0: SiLU, 1: GELU), quantized for down."""
-    n_ff = c.M.n_ff
+    """``g = act(h . ffn_gate) * (h . ffn_up)`` (act 0: SiLU, 1: GELU), quantized for down
+    (the layer's ``n_ff`` when it has its own, else the model's)."""
+    n_ff = L.n_ff if L.n_ff > 0 else c.M.n_ff
     n = c.st.n_rows
     ta, tb, AA = _acts(c)
     g0, g1 = split((n_ff + 15) // 16, c.tid, c.nth)
@@ -597,16 +615,55 @@ def ffn_router(c, L, clk):
         elif M.expert_gating == GATING_SIGMOID:  # (U's row t: scratch until ffn_moe)
             for e in range(M.n_expert):
                 c.RL[t, e] = sigmoid(c.RL[t, e])
-                c.U[t, e] = c.RL[t, e]
-            _add_vec(c.U, t, c.NF, L.ffn_exp_probs_b, 0, M.n_expert)
-            top_k(c.U[t], M.n_expert, k, c.SEL[t], c.WTS[t])
-            for j in range(k):
-                c.WTS[t, j] = c.RL[t, c.SEL[t, j]]
+            _select_biased(c, L, t)
+        elif M.n_expert_groups > 1 or L.ffn_exp_probs_b >= 0:  # softmax, grouped or biased
+            softmax_ggml(c.RL[t], M.n_expert)
+            _select_biased(c, L, t)
         else:
             softmax_ggml(c.RL[t], M.n_expert)
             top_k(c.RL[t], M.n_expert, k, c.SEL[t], c.WTS[t])
         expert_weights(c.WTS[t], k, M.expert_norm, M.expert_scale)
     return _sync(c, clk)
+
+
+@njit(cache=True, inline="always")
+def _select_biased(c, L, t):
+    """Token ``t``'s experts chosen by their probabilities ``RL[t]`` plus the selection
+    bias ``ffn_exp_probs_b`` (in ``U[t]``), within the ``n_group_used`` best groups when the
+    experts are grouped; weighted by the unbiased probabilities."""
+    M = c.M
+    k = M.n_expert_used
+    for e in range(M.n_expert):
+        c.U[t, e] = c.RL[t, e]
+    _add_vec(c.U, t, c.NF, L.ffn_exp_probs_b, 0, M.n_expert)
+    if M.n_expert_groups > 1:
+        _group_mask(c, t)
+    top_k(c.U[t], M.n_expert, k, c.SEL[t], c.WTS[t])
+    for j in range(k):
+        c.WTS[t, j] = c.RL[t, c.SEL[t, j]]
+
+
+@njit(cache=True, inline="always")
+def _group_mask(c, t):
+    """DeepSeek-V3's group-limited routing, as ``build_moe_ffn``: a group's score is the sum
+    of its two best selection scores (``U[t]``); the experts outside the ``n_group_used``
+    best groups get -inf. Scratch: this thread's rows of ``TS[2]``, ``TS[3]``, ``TS[4]``
+    (head-sized; the model checks that the groups fit)."""
+    M = c.M
+    ng, per = M.n_expert_groups, M.n_expert // M.n_expert_groups
+    isel, gs, top = c.TS[2][c.tid], c.TS[3][c.tid], c.TS[4][c.tid]
+    for g in range(ng):
+        top_k(c.U[t, g * per :], per, 2, isel, top)
+        gs[g] = top[0] + top[1]
+    top_k(gs, ng, M.n_group_used, isel, top)
+    for g in range(ng):
+        keep = False
+        for j in range(M.n_group_used):
+            if isel[j] == g:
+                keep = True
+        if not keep:
+            for e in range(g * per, (g + 1) * per):
+                c.U[t, e] = -np.inf
 
 
 @njit(cache=True, inline="always")
@@ -743,14 +800,16 @@ def ffn_shexp_gate(c, L, clk):
     0]``, the router being done) from the float rows :func:`ffn_norm` left (``XN``; one row:
     the private ``XP``), and ``h`` quantized again for the shared expert (the experts'
     down projection used the activation buffer; one row: still in the private one)."""
-    n_embd, w = c.M.n_embd, c.NF[L.ffn_gate_inp_shexp :]
+    n_embd, gi = c.M.n_embd, L.ffn_gate_inp_shexp
+    w = c.NF[max(gi, 0) :]
+    one = np.float32(1.0)  # (a shared expert without a gate: deepseek2)
     if c.st.n_rows == 1:
         if c.tid == 0:  # read after the barriers of the next stages
-            c.RL[0, 0] = shared_gate(c.XP[0], w, n_embd)
+            c.RL[0, 0] = shared_gate(c.XP[0], w, n_embd) if gi >= 0 else one
         return clk
     t0, t1 = _token_rows(c)
     for t in range(t0, t1):
-        c.RL[t, 0] = shared_gate(c.XN[t], w, n_embd)
+        c.RL[t, 0] = shared_gate(c.XN[t], w, n_embd) if gi >= 0 else one
     prepare_acts(c.XN, t0, t1, n_embd, L.need_ffn, c.A)
     return _sync(c, tick(c.prof, c.tid, P_NORM, clk))
 
@@ -770,6 +829,155 @@ def ffn_shexp_down(c, L, clk):
         for i in range(16 * g0, min(16 * g1, n_embd)):
             c.X[t, i] = (c.EO[t * k, i] + c.XN[t, i] * s) + c.X[t, i]
     return _sync(c, tick(c.prof, c.tid, P_FFN_DOWN, clk))
+
+
+# ----------------------------------------------------------------------------- latent attention
+# Multi-head latent attention (deepseek2) in the absorbed form llama.cpp runs converted files
+# with: a layer's cache row is one vector per token (the normed latent, then the roped shared
+# key: ``head_dim`` = n_lora_kv + n_rot, one KV head); each query head is absorbed into the
+# latent (its nope part through ``attn_k_b``), attends over the rows as MQA, each row serving
+# as key and, its latent part, as value; the output goes back to the head's value through
+# ``attn_v_b``. Buffers: the queries before absorption in ATT (head h: nope | rope), kv_a in
+# KN; per-head rows head-major (row h * n + t) in flat views of XN (inputs), ATT and Q
+# (outputs), their activations in the shared buffers A seen as rows of the inputs' width.
+@njit(cache=True, inline="always")
+def _flat(a, w):
+    """``a`` (C-contiguous) seen as rows of ``w`` elements."""
+    n = a.size // w
+    return a.reshape(-1)[: n * w].reshape(n, w)
+
+
+@njit(cache=True, inline="always")
+def _acts_rows(A, w):
+    """The activation buffers ``A`` seen as rows of ``w`` columns (``ops.matmul.new_acts``'s
+    widths)."""
+    return (
+        _flat(A[0], w), _flat(A[1], max(1, w // 32)), _flat(A[2], max(1, w // 32)),
+        _flat(A[3], max(1, w // 4)), _flat(A[4], w), _flat(A[5], max(1, w // 256)),
+        _flat(A[6], max(1, w // 16)), _flat(A[7], w),
+    )  # fmt: skip
+
+
+@njit(cache=True, inline="always")
+def _norm_rows_in(c, src, k, off, need, clk):
+    """``rms_norm(src[:, :k]) * NF[off:]`` in place, quantized for the next matmul (one row:
+    every thread normalizes its private copy, no barrier)."""
+    tid = c.tid
+    w = c.NF[off : off + k]
+    if c.st.n_rows == 1:
+        c.XP[tid, :k] = src[0, :k]
+        rms_norm(c.XP, tid, tid + 1, k, w, c.M.eps, c.XP)
+        prepare_acts(c.XP, tid, tid + 1, k, need, c.AP)
+        return tick(c.prof, tid, P_NORM, clk)
+    t0, t1 = split(c.st.n_rows, tid, c.nth)
+    rms_norm(src, t0, t1, k, w, c.M.eps, src)
+    prepare_acts(src, t0, t1, k, need, c.A)
+    return _sync(c, tick(c.prof, tid, P_NORM, clk))
+
+
+@njit(cache=True)
+def mla_q(c, L, clk):
+    """``kv_a = h . attn_kv_a_mqa`` (latent | rope key, into KN) and the queries into ATT:
+    ``rms_norm(h . attn_q_a) * attn_q_a_norm . attn_q_b``, or ``h . attn_q`` (lite files)."""
+    _mm(c, L.attn_kv_a_mqa, c.KN, False)
+    if L.attn_q >= 0:
+        _mm(c, L.attn_q, c.ATT, False)
+        return _sync(c, tick(c.prof, c.tid, P_QKV, clk))
+    _mm(c, L.attn_q_a, c.XN, False)
+    clk = _sync(c, tick(c.prof, c.tid, P_QKV, clk))
+    clk = _norm_rows_in(c, c.XN, c.M.n_lora_q, L.attn_q_a_norm, L.need_q_b, clk)
+    _mm(c, L.attn_q_b, c.ATT, False)
+    return _sync(c, tick(c.prof, c.tid, P_QKV, clk))
+
+
+@njit(cache=True)
+def mla_kv(c, L, clk):
+    """Per token: each query head's rope part and the shared rope key rotated, the latent
+    ``rms_norm(kv_a[:n_lora_kv]) * attn_kv_a_norm``, the cache row (latent | rope key)
+    stored; each head's roped part moved to its absorbed query in ``Q`` (after the latent
+    part), its nope part to row ``h * n + t`` of ``XN``, quantized for ``attn_k_b``."""
+    M = c.M
+    H, r, hk, hd, nr = M.n_head, M.n_lora_kv, M.head_k_mla, M.head_dim, M.n_rot
+    nope, n, kv = hk - nr, c.st.n_rows, c.kv
+    base = _layer_base(c, L, kv)
+    rp, rc = c.RP[0], c.TS[0][c.tid]
+    neox = rp[7] != 0
+    XR, AR = _flat(c.XN, nope), _acts_rows(c.A, nope)
+    w = c.NF[L.attn_kv_a_norm : L.attn_kv_a_norm + r]
+    t0, t1 = _token_rows(c)
+    for t in range(t0, t1):
+        rope_cache(c.pos[t], rp, c.FF, rc)
+        rope_apply(c.ATT, t, nope, H, hk, rc, nr, neox)
+        rope_apply(c.KN, t, r, 1, hd, rc, nr, neox)
+        rms_norm(c.KN, t, t + 1, r, w, M.eps, c.KN)
+        store_row(c.KN[t], 0, hd, c.k_type, kv.KC, base + kv.cells[t] * c.rowb)
+        for h in range(H):
+            for i in range(nr):
+                c.Q[t, h * hd + r + i] = c.ATT[t, h * hk + nope + i]
+            for i in range(nope):
+                XR[h * n + t, i] = c.ATT[t, h * hk + i]
+            prepare_acts(XR, h * n + t, h * n + t + 1, nope, L.need_k_b, AR)
+    return _sync(c, tick(c.prof, c.tid, P_ROPE, clk))
+
+
+@njit(cache=True)
+def mla_absorb(c, L, clk):
+    """Each head's absorbed query ``q_nope_h . attn_k_b_h`` (the latent part of its row in
+    ``Q``): per head, its tokens' rows through the head's matrix (this thread's row groups)
+    into rows ``h * n + t`` of ``ATT``, then moved to ``Q``."""
+    M = c.M
+    H, r, hd, n = M.n_head, M.n_lora_kv, M.head_dim, c.st.n_rows
+    AR, OR = _acts_rows(c.A, M.head_k_mla - M.n_rot), _flat(c.ATT, r)
+    g0, g1 = split((r + 15) // 16, c.tid, c.nth)
+    for h in range(H):
+        wd = c.WD[L.attn_k_b + h]
+        matmul_sel(c.fmask, c.W, wd, AR, h * n, h * n + n, g0, g1, OR, h * n, False)
+    clk = _sync(c, tick(c.prof, c.tid, P_QKV, clk))
+    t0, t1 = _token_rows(c)
+    for t in range(t0, t1):
+        for h in range(H):
+            for i in range(r):
+                c.Q[t, h * hd + i] = OR[h * n + t, i]
+    return _sync(c, clk)
+
+
+@njit(cache=True)
+def mla_attention(c, L, clk):
+    """MQA of the absorbed queries over the layer's cache rows, each row the key and its
+    first ``n_lora_kv`` values the value (the output's last ``n_rot`` are not used): the V
+    cache is the K cache (the engine stores no V for this layout)."""
+    kv = c.kv
+    one = KVPart(kv.KC, kv.KC, kv.cells, kv.mask, kv.n_kv, kv.mode, kv.hstride, kv.order)
+    _attention(c, one, _layer_base(c, L, kv), c.M.n_head, c.NF[:0])
+    return _sync(c, tick(c.prof, c.tid, P_ATTN, clk))
+
+
+@njit(cache=True)
+def mla_out(c, L, clk):
+    """Each head's value ``att_h[:n_lora_kv] . attn_v_b_h`` (rows ``h * n + t``: inputs in
+    XN, outputs in Q), gathered per token into ATT; then ``x += att . attn_output``."""
+    M = c.M
+    H, r, hd, hv, n = M.n_head, M.n_lora_kv, M.head_dim, M.head_v_mla, c.st.n_rows
+    XR, AR = _flat(c.XN, r), _acts_rows(c.A, r)
+    t0, t1 = _token_rows(c)
+    for t in range(t0, t1):
+        for h in range(H):
+            for i in range(r):
+                XR[h * n + t, i] = c.ATT[t, h * hd + i]
+            prepare_acts(XR, h * n + t, h * n + t + 1, r, L.need_v_b, AR)
+    clk = _sync(c, tick(c.prof, c.tid, P_OUT_PROJ, clk))
+    OR = _flat(c.Q, hv)
+    g0, g1 = split((hv + 15) // 16, c.tid, c.nth)
+    for h in range(H):
+        wd = c.WD[L.attn_v_b + h]
+        matmul_sel(c.fmask, c.W, wd, AR, h * n, h * n + n, g0, g1, OR, h * n, False)
+    clk = _sync(c, tick(c.prof, c.tid, P_OUT_PROJ, clk))
+    for t in range(t0, t1):
+        for h in range(H):
+            for i in range(hv):
+                c.ATT[t, h * hv + i] = OR[h * n + t, i]
+    clk = _quantize_in(c, c.ATT, H * hv, L.need_out, P_OUT_PROJ, _sync(c, clk))
+    return _proj_residual(c, L.attn_output, NONE, P_OUT_PROJ, clk)
 
 
 # ----------------------------------------------------------------------------- gated attention

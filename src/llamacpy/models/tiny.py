@@ -16,7 +16,8 @@ biases, attention sinks, layers alternating sliding-window and full attention, w
 YaRN rope, a post-attention norm, 4 biased experts of FFN size 64 with 2 used; expert biases
 large enough to reach the clamps of its SwiGLU; ``experts_type`` sets the experts' type,
 e.g. MXFP4 as the released files have them); ``n_expert`` > 0 gives
-a ``llama`` file experts (Mixtral: 2 used, of FFN size ``n_ff``); ``sliding_window`` adds
+a ``llama`` file experts (Mixtral: 2 used, of FFN size ``n_ff``); ``deepseek2`` goes to
+:func:`write_tiny_deepseek2` (latent attention, grouped and shared experts); ``sliding_window`` adds
 ``{arch}.attention.sliding_window`` (mistral-style files). ``write_tiny_bert`` writes a tiny random ``bert`` encoder.
 Only numpy and the GGUF writer are used: the file is byte-identical for a given seed, type,
 arch and numpy version.
@@ -63,7 +64,7 @@ _EXPONENTS: dict[GGMLType, tuple[tuple[int, int, int], ...]] = {
 }
 TINY_ARCHS = (
     "llama", "qwen2", "qwen3", "phi3", "gemma3", "smollm3", "qwen3moe", "gpt-oss", "gemma2",
-    "olmo2",
+    "olmo2", "deepseek2",
 )  # fmt: skip
 # Variants of an architecture that run other stages: name -> (arch, builder options)
 TINY_VARIANTS: dict[str, tuple[str, dict]] = {
@@ -88,6 +89,13 @@ LLAMA_CPP_CASES: dict[str, tuple[str, dict, int]] = {
     "olmo2": ("olmo2", {}, 64),
     # OLMo 3's files: layers 0-2 sliding-window (window 4), 3 global; YaRN on the global one
     "olmo2_swa": ("olmo2", {"sliding_window": 4, "n_layer": 4, "rope": "yarn"}, 64),
+    # V3's router (sigmoid, selection bias, 4 groups of which 2, weights normalized, scaled)
+    "deepseek2": ("deepseek2", {}, 64),
+    "deepseek2_v2": ("deepseek2", {"gating": 1, "groups": 0, "weights_norm": 0}, 64),
+    "deepseek2_yarn": ("deepseek2", {"rope": "yarn"}, 64),  # DeepSeek's YaRN and kq_scale
+    # V2-Lite's layout: q without low rank (llama.cpp: only in files of 26 or 27 layers);
+    # V3's router (with V2's, token 15 of the F32 file meets a near tie of two experts)
+    "deepseek2_lite": ("deepseek2", {"q_lora": 0, "n_layer": 26}, 64),
 }
 GEMMA2_SOFTCAPS = (1.0, 3.0)  # tiny gemma2: attention and final logit soft-caps
 PHI3_ORIG_CTX = 256  # phi3: rope.scaling.original_context_length (long factors above it)
@@ -161,6 +169,8 @@ def write_tiny_llama(
     """
     if arch not in TINY_ARCHS:
         raise ValueError(f"tiny models exist for {', '.join(TINY_ARCHS)}, not {arch!r}")
+    if arch == "deepseek2":  # (its own layout: latent attention, grouped experts)
+        return write_tiny_deepseek2(path, weight_type, seed, rope, **shape)
     own = {
         "phi3": {"n_ctx": PHI3_N_CTX},
         "smollm3": {"n_layer": 4},
@@ -591,3 +601,103 @@ def _write_lfm2(path, a: str, weight_type: GGMLType | int, seed: int, s: dict) -
     vec("token_embd_norm.weight", norm())
     mat("output.weight", s["n_vocab"], e)
     w.write()
+
+
+# deepseek2: latent attention (absorbed form) and experts in groups, shared experts
+DEEPSEEK2_SHAPE = {
+    "n_embd": 256, "n_layer": 3, "n_ff": 512, "n_head": 4, "n_vocab": 259, "n_ctx": 256,
+    "q_lora": 64, "kv_lora": 96, "n_rot": 32, "nope": 32, "v_head": 32,
+    "n_expert": 8, "n_expert_used": 2, "n_ff_exp": 64, "n_shared": 2, "n_dense_lead": 1,
+    "gating": 2, "groups": 4, "groups_used": 2, "weights_norm": 1,
+}  # fmt: skip
+
+
+def write_tiny_deepseek2(
+    path: str | os.PathLike[str],
+    weight_type: GGMLType | int,
+    seed: int = 0,
+    rope: str = "none",
+    **shape: int,
+) -> None:
+    """Write a tiny random ``deepseek2`` GGUF as converted files are: 3 layers (the first
+    with a dense FFN), the low-rank query (``attn_q_a``, its norm, ``attn_q_b``), the latent
+    attention split for absorption (``attn_kv_a_mqa``, its norm, per-head ``attn_k_b`` /
+    ``attn_v_b``; latent 96, rope 32, nope 32, value 32; one KV head), 8 experts of FFN size
+    64 (2 used) behind a sigmoid router with a selection bias ``exp_probs_b``, in 4 groups of
+    which 2 are used, the weights normalized and scaled by 2.5, and 2 shared experts
+    (``gating`` 1: V2's softmax router without groups or bias, weights not normalized;
+    ``q_lora`` 0: q direct, ``attn_q``, as V2-Lite's files; llama.cpp needs 26 or 27 layers).
+    ``rope`` ``"yarn"``: YaRN (factor 4 over an original context of 64) with DeepSeek's
+    log multiplier (``mscale_all_dim`` 1)."""
+    s = {**DEEPSEEK2_SHAPE, **shape}
+    t, a = GGMLType(weight_type), "deepseek2"
+    w = GGUFWriter(path)
+    w.add("general.architecture", a)
+    w.add("general.name", f"tiny-random-{t.name.lower()}")
+    r, nr, hk = s["kv_lora"], s["n_rot"], s["nope"] + s["n_rot"]
+    u32 = {"context_length": s["n_ctx"], "embedding_length": s["n_embd"],
+           "block_count": s["n_layer"], "feed_forward_length": s["n_ff"],
+           "attention.head_count": s["n_head"], "attention.head_count_kv": 1,
+           "attention.key_length": r + nr, "attention.value_length": r,
+           "attention.key_length_mla": hk, "attention.value_length_mla": s["v_head"],
+           "rope.dimension_count": nr, "attention.q_lora_rank": s["q_lora"],
+           "attention.kv_lora_rank": r, "leading_dense_block_count": s["n_dense_lead"],
+           "expert_count": s["n_expert"], "expert_used_count": s["n_expert_used"],
+           "expert_feed_forward_length": s["n_ff_exp"], "expert_shared_count": s["n_shared"],
+           "expert_gating_func": s["gating"], "vocab_size": s["n_vocab"]}  # fmt: skip
+    if not s["q_lora"]:  # (llama.cpp reads q directly only in files of 26 or 27 layers)
+        del u32["attention.q_lora_rank"]
+    if s["groups"]:
+        u32 |= {"expert_group_count": s["groups"], "expert_group_used_count": s["groups_used"]}
+    for key, v in u32.items():
+        w.add(f"{a}.{key}", v, GGUFValueType.UINT32)
+    w.add(f"{a}.rope.freq_base", 10000.0, GGUFValueType.FLOAT32)
+    w.add(f"{a}.attention.layer_norm_rms_epsilon", 1e-6, GGUFValueType.FLOAT32)
+    w.add(f"{a}.expert_weights_scale", 2.5 if s["weights_norm"] else 1.0, GGUFValueType.FLOAT32)
+    w.add(f"{a}.expert_weights_norm", bool(s["weights_norm"]))
+    if rope == "yarn":
+        w.add(f"{a}.rope.scaling.type", "yarn")
+        w.add(f"{a}.rope.scaling.factor", 4.0, GGUFValueType.FLOAT32)
+        w.add(f"{a}.rope.scaling.original_context_length", 64, GGUFValueType.UINT32)
+        w.add(f"{a}.rope.scaling.yarn_log_multiplier", 0.1, GGUFValueType.FLOAT32)
+    _add_byte_vocab(w, s["n_vocab"])
+    _add_deepseek2_tensors(w, np.random.default_rng(seed), t, s)
+    w.write()
+
+
+def _add_deepseek2_tensors(w, rng, t: GGMLType, s: dict) -> None:
+    e, h, r, nr = s["n_embd"], s["n_head"], s["kv_lora"], s["n_rot"]
+    mat, vec, norm = _writers(w, rng, t, e)
+    mat("token_embd.weight", s["n_vocab"], e)
+    for i in range(s["n_layer"]):
+        p = f"blk.{i}."
+        vec(p + "attn_norm.weight", norm())
+        if s["q_lora"]:
+            mat(p + "attn_q_a.weight", s["q_lora"], e)
+            vec(p + "attn_q_a_norm.weight", norm(s["q_lora"]))
+            mat(p + "attn_q_b.weight", h * (s["nope"] + nr), s["q_lora"])
+        else:  # (lite files: q direct)
+            mat(p + "attn_q.weight", h * (s["nope"] + nr), e)
+        mat(p + "attn_kv_a_mqa.weight", r + nr, e)
+        vec(p + "attn_kv_a_norm.weight", norm(r))
+        mat(p + "attn_k_b.weight", r, s["nope"], h)
+        mat(p + "attn_v_b.weight", s["v_head"], r, h)
+        mat(p + "attn_output.weight", e, h * s["v_head"])
+        vec(p + "ffn_norm.weight", norm())
+        if i < s["n_dense_lead"]:
+            for name, rows, cols in (("gate", s["n_ff"], e), ("up", s["n_ff"], e),
+                                     ("down", e, s["n_ff"])):  # fmt: skip
+                mat(p + f"ffn_{name}.weight", rows, cols)
+            continue
+        n, f, fs = s["n_expert"], s["n_ff_exp"], s["n_ff_exp"] * s["n_shared"]
+        mat(p + "ffn_gate_inp.weight", n, e)
+        if s["gating"] == 2:
+            vec(p + "exp_probs_b.bias", 0.1 * _normal(rng, n))
+        mat(p + "ffn_gate_exps.weight", f, e, n)
+        mat(p + "ffn_up_exps.weight", f, e, n)
+        mat(p + "ffn_down_exps.weight", e, f, n)
+        mat(p + "ffn_gate_shexp.weight", fs, e)
+        mat(p + "ffn_up_shexp.weight", fs, e)
+        mat(p + "ffn_down_shexp.weight", e, fs)
+    vec("output_norm.weight", norm())
+    mat("output.weight", s["n_vocab"], e)

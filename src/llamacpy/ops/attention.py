@@ -803,10 +803,13 @@ def _tile_visible(mask, q0, q1, c0, n):
 
 # ----------------------------------------------------------------------------- K shift
 @njit(cache=True)
-def rope_shift_rows(kc, k_type, hd, n_layer, n_head_kv, n_ctx, rowb, cells, shift, rp, ff, neox):
+def rope_shift_rows(
+    kc, k_type, hd, n_layer, n_head_kv, n_ctx, rowb, cells, shift, rp, ff, neox, off=0
+):  # fmt: skip
     """Rotate the cached keys of ``cells`` by rope at position ``shift[cell]`` (every layer
     and head of the flat cache ``kc``), dequantizing and re-storing in the cache type as
-    llama.cpp's K-shift."""
+    llama.cpp's K-shift; the roped part of a row starts at ``off`` (deepseek2's latent
+    rows: after the latent)."""
     n_rot = np.int64(rp[6])
     rk = k_rotation(k_type, hd)
     row = np.empty((1, hd), _F32)
@@ -818,7 +821,7 @@ def rope_shift_rows(kc, k_type, hd, n_layer, n_head_kv, n_ctx, rowb, cells, shif
             load_row(kc, o, hd, k_type, row[0])
             if rk:  # rotated keys: back, rope, forward again
                 fwht(row[0], 0, hd, rk)
-            rope_apply(row, 0, 0, 1, hd, cache, n_rot, neox)
+            rope_apply(row, 0, off, 1, hd, cache, n_rot, neox)
             if rk:
                 fwht(row[0], 0, hd, rk)
             store_row(row[0], 0, hd, k_type, kc, o)
