@@ -34,6 +34,7 @@ from llamacpy.models.tiny import (
     write_tiny_lfm2,
     write_tiny_lfm2moe,
     write_tiny_llama,
+    write_tiny_mamba2,
     write_tiny_qwen35,
     write_tiny_qwen35moe,
 )
@@ -61,6 +62,7 @@ BUILDERS["qwen35"] = lambda path, t: write_tiny_qwen35(path, t, seed=SEED)  # hy
 BUILDERS["qwen35moe"] = lambda path, t: write_tiny_qwen35moe(path, t, seed=SEED)
 BUILDERS["lfm2"] = lambda path, t: write_tiny_lfm2(path, t, seed=SEED)
 BUILDERS["lfm2moe"] = lambda path, t: write_tiny_lfm2moe(path, t, seed=SEED)
+BUILDERS["mamba2"] = lambda path, t: write_tiny_mamba2(path, t, seed=SEED)  # recurrent only
 ENCODERS = {"bert"}
 TOKENS = FIX["tokens"].tolist()  # 18 tokens: past gemma3's window of 4
 PROMPT = FIX["prompt"].tolist()

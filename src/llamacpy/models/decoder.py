@@ -109,6 +109,8 @@ class Decoder:
     expert_act: ClassVar[int] = stages.ACT_SWIGLU  # the experts' activation
     # attention.head_count_kv may give 0 for the layers without attention (hybrids)
     per_layer_kv_heads: ClassVar[bool] = False
+    # False: no attention at all (mamba2: attention.head_count 0, the attention sizes 0)
+    has_attention: ClassVar[bool] = True
 
     # ------------------------------------------------------------------ numeric choices
     def attention_scales(self) -> tuple[float, float]:
@@ -165,7 +167,7 @@ class Decoder:
         (before any weight is read)."""
         if cls.variant(md) is not cls:
             return cls.variant(md).check(md, shapes)
-        hp = cls.derived(read_hparams(cls.arch, md, shapes, cls.params))
+        hp = cls.derived(read_hparams(cls.arch, md, shapes, cls.params, cls.has_attention))
         per_layer = hp.extra.get("kv_heads_per_layer")
         if per_layer is not None and not cls.per_layer_kv_heads:
             raise ModelError(
@@ -367,7 +369,16 @@ SSM_KEYS = ("ssm_d_conv", "ssm_d_state", "ssm_n_group", "ssm_dt_rank", "ssm_d_in
 # The activation kinds each input of a layer is quantized to: those of the matrices that
 # read it (the layer table's need_* fields).
 NEEDS = {
-    "need_qkv": ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha"),
+    "need_qkv": (
+        "attn_q",
+        "attn_k",
+        "attn_v",
+        "attn_qkv",
+        "attn_gate",
+        "ssm_beta",
+        "ssm_alpha",
+        "ssm_in",
+    ),
     "need_out": ("attn_output", "ssm_out"),
     "need_ffn": ("ffn_gate", "ffn_up", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps"),
     "need_down": ("ffn_down", "ffn_down_exps"),
@@ -443,9 +454,9 @@ class Workspace:
         z = lazy_zeros
         self.n_tokens, self.n_threads = n_tokens, n_threads
         self.x = z((n_tokens, e), np.float32)
-        self.xn = z((n_tokens, kmax), np.float32)
+        self.xn = z((n_tokens, max(kmax, channels)), np.float32)  # (Mamba-2: x | B | C)
         channels = max(channels, hp.extra.get("q_width", 0))  # lfm2: b | c | x
-        self.q = z((n_tokens, max(qd + gate, channels)), np.float32)
+        self.q = z((n_tokens, _pad16(max(qd + gate, channels))), np.float32)  # (whole row groups)
         self.k = z((n_tokens, _pad16(kvd)), np.float32)
         self.v = z((n_tokens, _pad16(kvd)), np.float32)
         self.att = z((n_tokens, max(qd, inner)), np.float32)
@@ -474,7 +485,9 @@ class Workspace:
             z((nt, d, tile), np.float32),  # K tile (transposed)
             z((nt, tile, d), np.float32),  # V tile
             z((nt, 2 * tile), np.float32),  # tile scores of two query rows
-            z((nt, 128 * (n_head // hp.n_head_kv)), np.float32),  # softmax states of a block
+            z(
+                (nt, 128 * (n_head // max(1, hp.n_head_kv))), np.float32
+            ),  # softmax states of a block
             z((n_head, nt), np.float32),  # split partials: M
             z((n_head, nt), np.float32),  # S
             z((n_head, nt, d), np.float32),  # VKQ

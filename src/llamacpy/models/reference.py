@@ -40,6 +40,7 @@ from .delta_net_ref import (
     sigmoid_numpy,
     softplus_numpy,
 )
+from .mamba2_ref import conv_bias_step, scan_step
 from .spec import Branch, stage_names
 from .stages import ACT_SWIGLU_OAI, GATING_SIGMOID, GATING_SOFTMAX_WEIGHT
 
@@ -144,7 +145,7 @@ class Reference:
         kc, vc, kcs, vcs, info = kv
         k_type, v_type, rowb, n_ctx, n_ctx_swa = (int(v) for v in info[:5])
         hk = int(M["n_head_kv"])  # flat caches -> [layer, head, cell]
-        glob = Part(kc.reshape(-1, hk, n_ctx, rowb), vc.reshape(-1, hk, n_ctx, rowb),
+        glob = Part(_cells(kc, hk, n_ctx, rowb), _cells(vc, hk, n_ctx, rowb),
                     ub.cells, ub.mask, ub.n_kv, ub.mode, ub.order)  # fmt: skip
         win, states = glob, None
         if ub.rows is not None:  # a hybrid memory: the second pair holds the states
@@ -164,6 +165,13 @@ class Reference:
             for fn in self.stages:
                 fn(self, p, L)
         return head(self, p)
+
+
+def _cells(flat: np.ndarray, hk: int, n_ctx: int, rowb: int) -> np.ndarray:
+    """A flat cache as ``[layer, head, cell, row bytes]`` (empty: a model without attention)."""
+    if flat.size == 0:
+        return flat.reshape(0, hk, n_ctx, rowb)
+    return flat.reshape(-1, hk, n_ctx, rowb)
 
 
 def stage_functions(block: tuple) -> list[Callable]:
@@ -522,6 +530,59 @@ def shortconv_out(r: Reference, p: Pass, L) -> None:
     p.x = (p.x + r.mm(L["ssm_out"], p.att)).astype(_F32)
 
 
+# ----------------------------------------------------------------------------- Mamba-2
+def _mamba2(r: Reference) -> tuple[int, int, int, int, int, int]:
+    """(conv taps, state size, groups, heads, inner size, channels of the convolution)."""
+    M = r.M
+    d_conv, ds, ng, nh, inner = (int(M[k]) for k in ("ssm_d_conv", "ssm_d_state",
+                                                      "ssm_n_group", "ssm_dt_rank",
+                                                      "ssm_d_inner"))  # fmt: skip
+    return d_conv, ds, ng, nh, inner, inner + 2 * ng * ds
+
+
+def mamba2_in(r: Reference, p: Pass, L) -> None:
+    """``z | xBC | dt = h . ssm_in`` (in ``q``)."""
+    p.q = r.mm(L["ssm_in"], p.h)
+
+
+def mamba2_conv(r: Reference, p: Pass, L) -> None:
+    """``xBC = silu(conv(xBC) + ssm_conv1d.bias)`` over each token's state row (in ``k``)."""
+    d_conv, _ds, _ng, _nh, inner, ch = _mamba2(r)
+    conv, _ssm_rows, rows = p.states
+    w = r.vec(L["ssm_conv1d"], ch * d_conv).reshape(ch, d_conv)
+    b = r.vec(L["ssm_conv1d_bias"], ch)
+    out = np.zeros((len(p.q), ch), _F32)
+    for t, row in enumerate(rows):
+        state = conv[int(L["kv_index"]), row].reshape(ch, d_conv - 1)
+        out[t] = conv_bias_step(state, p.q[t, inner : inner + ch], w, b)
+    p.k = silu_numpy(out)
+
+
+def mamba2_scan(r: Reference, p: Pass, L) -> None:
+    """Per token: the selective scan on the token's state row, then ``y *= silu(z)``."""
+    _d, ds, ng, nh, inner, ch = _mamba2(r)
+    _conv, ssm, rows = p.states
+    hd = inner // nh
+    dt_b, a, d = (r.vec(L[k], nh) for k in ("ssm_dt_bias", "ssm_a", "ssm_d"))
+    y = np.zeros((len(p.q), inner), _F32)
+    for t, row in enumerate(rows):
+        xbc = p.k[t]
+        S = ssm[int(L["kv_index"]), row].reshape(nh, hd, ds)
+        dt = (p.q[t, inner + ch : inner + ch + nh] + dt_b).astype(_F32)
+        bc = xbc[inner:].reshape(2, ng, ds)
+        y[t] = scan_step(S, xbc[:inner].reshape(nh, hd), dt, a, bc[0], bc[1], d).reshape(-1)
+    p.att = (y * silu_numpy(p.q[:, :inner])).astype(_F32)
+
+
+def mamba2_out(r: Reference, p: Pass, L) -> None:
+    """``x += group_rms_norm(y) * ssm_norm . ssm_out``."""
+    _d, _ds, ng, _nh, inner, _ch = _mamba2(r)
+    y = p.att.reshape(len(p.att), ng, inner // ng)
+    w = r.vec(L["ssm_norm"], inner).reshape(ng, inner // ng)
+    normed = rms_norm_numpy(y, np.ones(inner // ng, _F32), r.M["eps"]) * w
+    p.x = (p.x + r.mm(L["ssm_out"], normed.reshape(len(p.att), inner).astype(_F32))).astype(_F32)
+
+
 Stage = Callable[[Reference, Pass, np.void], None]
 # stage name (as in an architecture's block) -> its numpy function
 STAGES: dict[str, Stage] = {
@@ -562,5 +623,9 @@ STAGES: dict[str, Stage] = {
         shortconv_in,
         shortconv_conv,
         shortconv_out,
+        mamba2_in,
+        mamba2_conv,
+        mamba2_scan,
+        mamba2_out,
     )
 }

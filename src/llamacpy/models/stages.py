@@ -49,6 +49,7 @@ from ..ops.matmul import matmul_rows_sel, matmul_sel, prepare_acts
 from ..ops.moe import expert_weights, shared_gate, softmax_ggml, top_k
 from ..ops.norm import head_rms_norm, rms_norm
 from ..ops.rope import rope_apply, rope_cache
+from ..ops.ssm import conv_bias_tokens, scan_head
 from ..ops.threads import barrier, split, tick, timed_barrier
 
 MODE_ROWS, MODE_TILED, MODE_SPLIT = 0, 1, 2  # attention kernels (see engine.context)
@@ -88,6 +89,7 @@ LAYER_DTYPE = np.dtype(
             "ssm_beta",
             "ssm_alpha",
             "ssm_out",
+            "ssm_in",  # Mamba-2: the in-projection z | xBC | dt
             "attn_norm",
             "ffn_norm",
             "attn_q_norm",
@@ -101,6 +103,8 @@ LAYER_DTYPE = np.dtype(
             "ssm_dt_bias",
             "ssm_a",
             "ssm_norm",
+            "ssm_conv1d_bias",  # Mamba-2: conv bias per channel, skip weight D per head
+            "ssm_d",
             "attn_output_bias",
             "attn_sinks",  # one learned score per head added to the softmax (gpt-oss)
             "ffn_gate_inp_bias",  # mixture of experts: router bias
@@ -921,6 +925,80 @@ def shortconv_conv(c, L, clk):
 def shortconv_out(c, L, clk):
     """``x += y . shortconv.out_proj``."""
     clk = _quantize_in(c, c.ATT, c.M.n_embd, L.need_out, P_OUT_PROJ, clk)
+    return _proj_residual(c, L.ssm_out, NONE, P_OUT_PROJ, clk)
+
+
+# ----------------------------------------------------------------------------- Mamba-2
+# z | xBC | dt in Q; the convolved xBC (x | B | C) in XN; y in ATT. The states are the second
+# memory part (``kv_swa``): the convolution rows in KC, the scan rows in VC, each token's
+# state row in ``cells``.
+@njit(cache=True)
+def mamba2_in(c, L, clk):
+    """``z | xBC | dt = h . ssm_in``."""
+    _mm(c, L.ssm_in, c.Q, False)
+    return _sync(c, tick(c.prof, c.tid, P_QKV, clk))
+
+
+@njit(cache=True)
+def mamba2_conv(c, L, clk):
+    """``xBC = silu(conv(xBC) + ssm_conv1d.bias)``: the causal convolution of each channel
+    over its state row (threads split the channels)."""
+    M = c.M
+    ch, taps, n = _conv_channels(M), M.ssm_d_conv, c.st.n_rows
+    state = _state_rows(c, L, c.kv_swa.KC, c.kvi[7]).reshape(c.kvi[6], ch, taps - 1)
+    w = c.NF[L.ssm_conv1d : L.ssm_conv1d + ch * taps].reshape(ch, taps)
+    b = c.NF[L.ssm_conv1d_bias : L.ssm_conv1d_bias + ch]
+    g0, g1 = split(ch // 16, c.tid, c.nth)
+    cells = c.kv_swa.cells
+    conv_bias_tokens(c.Q, M.ssm_d_inner, n, cells, state, w, b, c.XN, 16 * g0, 16 * g1)
+    silu(c.XN, 0, n, 16 * g0, 16 * g1, c.XN)
+    return _sync(c, tick(c.prof, c.tid, P_ROPE, clk))
+
+
+@njit(cache=True)
+def mamba2_scan(c, L, clk):
+    """Per token and head (threads split the heads): the selective scan on the head's state
+    row with ``dt + ssm_dt.bias``, ``ssm_a``, ``ssm_d``, then ``y *= silu(z)``."""
+    M = c.M
+    ds, nh, ng, inner = M.ssm_d_state, M.ssm_dt_rank, M.ssm_n_group, M.ssm_d_inner
+    hd = inner // nh
+    S = _state_rows(c, L, c.kv_swa.VC, c.kvi[8]).reshape(c.kvi[6], inner * ds)
+    dt0 = 2 * inner + 2 * ng * ds  # dt's column in Q
+    h0, h1 = split(nh, c.tid, c.nth)
+    for t in range(c.st.n_rows):
+        r, xr = c.kv_swa.cells[t], c.XN[t]
+        for h in range(h0, h1):
+            g = h // (nh // ng)
+            dt = c.Q[t, dt0 + h] + c.NF[L.ssm_dt_bias + h]
+            a, d, o = c.NF[L.ssm_a + h], c.NF[L.ssm_d + h], h * hd
+            boff = inner + g * ds
+            scan_head(
+                S[r, o * ds :], xr, o, hd, xr, boff, boff + ng * ds, ds, dt, a, d, c.ATT[t], o
+            )
+            mul_silu(c.Q, t, t + 1, o, o + hd, c.ATT)
+    return _sync(c, tick(c.prof, c.tid, P_ATTN, clk))
+
+
+@njit(cache=True)
+def mamba2_out(c, L, clk):
+    """``x += group_rms_norm(y) * ssm_norm . ssm_out`` (each of the ``ssm_n_group`` slices of
+    ``y`` normalized apart)."""
+    M = c.M
+    inner, tid = M.ssm_d_inner, c.tid
+    gs = inner // M.ssm_n_group
+    w = c.NF[L.ssm_norm : L.ssm_norm + inner]
+    if c.st.n_rows == 1:
+        c.XP[tid, :inner] = c.ATT[0, :inner]
+        for g in range(M.ssm_n_group):
+            head_rms_norm(c.XP, tid, g, g + 1, gs, w[g * gs :], M.eps)
+        prepare_acts(c.XP, tid, tid + 1, inner, L.need_out, c.AP)
+    else:
+        t0, t1 = _token_rows(c)
+        for t in range(t0, t1):
+            for g in range(M.ssm_n_group):
+                head_rms_norm(c.ATT, t, g, g + 1, gs, w[g * gs :], M.eps)
+        prepare_acts(c.ATT, t0, t1, inner, L.need_out, c.A)
+        clk = _sync(c, tick(c.prof, tid, P_NORM, clk))
     return _proj_residual(c, L.ssm_out, NONE, P_OUT_PROJ, clk)
 
 

@@ -591,3 +591,60 @@ def _write_lfm2(path, a: str, weight_type: GGMLType | int, seed: int, s: dict) -
     vec("token_embd_norm.weight", norm())
     mat("output.weight", s["n_vocab"], e)
     w.write()
+
+
+# mamba2: every layer a Mamba-2 mixer (no attention, no FFN)
+MAMBA2_SHAPE = {
+    "n_embd": 128,
+    "n_layer": 3,
+    "n_vocab": 259,
+    "n_ctx": 256,
+    "d_inner": 256,  # 2 * n_embd
+    "head_dim": 64,  # ssm.time_step_rank = d_inner / head_dim heads
+    "n_group": 2,
+    "d_state": 64,  # a multiple of 64: ggml's vectorized scan covers the whole row
+    "d_conv": 4,
+}
+
+
+def write_tiny_mamba2(
+    path: str | os.PathLike[str], weight_type: GGMLType | int, seed: int = 0, **shape: int
+) -> None:
+    """Write a tiny random ``mamba2`` GGUF as llama.cpp's converter lays one out: 3 layers of
+    ``ssm_in`` (z | xBC | dt), an F32 ``ssm_conv1d`` of 4 taps with its bias, ``ssm_dt``
+    bias, ``ssm_a`` = -exp(A_log) and ``ssm_d`` as ``[1, heads]``, the grouped norm
+    ``ssm_norm`` as ``[d_inner / groups, groups]`` (2 groups of 2 heads of 64 channels, state
+    size 64), ``ssm_out``; ``attention.head_count`` and ``feed_forward_length`` 0."""
+    s = {**MAMBA2_SHAPE, **shape}
+    t = GGMLType(weight_type)
+    a, e, inner, ds, ng = "mamba2", s["n_embd"], s["d_inner"], s["d_state"], s["n_group"]
+    nh, ch = inner // s["head_dim"], inner + 2 * s["n_group"] * s["d_state"]
+    w = GGUFWriter(path)
+    w.add("general.architecture", a)
+    w.add("general.name", f"tiny-random-{t.name.lower()}")
+    for key, v in (("context_length", s["n_ctx"]), ("embedding_length", e),
+                   ("feed_forward_length", 0), ("attention.head_count", 0),
+                   ("block_count", s["n_layer"]), ("ssm.conv_kernel", s["d_conv"]),
+                   ("ssm.inner_size", inner), ("ssm.state_size", ds),
+                   ("ssm.time_step_rank", nh), ("ssm.group_count", ng)):  # fmt: skip
+        w.add(f"{a}.{key}", v, GGUFValueType.UINT32)
+    w.add(f"{a}.attention.layer_norm_rms_epsilon", 1e-5, GGUFValueType.FLOAT32)
+    _add_byte_vocab(w, s["n_vocab"])
+    rng = np.random.default_rng(seed)
+    mat, vec, norm = _writers(w, rng, t, e)
+    mat("token_embd.weight", s["n_vocab"], e)
+    for i in range(s["n_layer"]):
+        p = f"blk.{i}."
+        vec(p + "attn_norm.weight", norm())
+        mat(p + "ssm_in.weight", inner + ch + nh, e)
+        # conv taps of std 0.5, decays -exp(A_log) in [-2.7, -1], dt biases around 0
+        vec(p + "ssm_conv1d.weight", 10.0 * _normal(rng, ch * s["d_conv"]), (s["d_conv"], ch))
+        vec(p + "ssm_conv1d.bias", _normal(rng, ch))
+        vec(p + "ssm_dt.bias", 10.0 * _normal(rng, nh))
+        vec(p + "ssm_a", -np.exp(0.5 + 5.0 * _normal(rng, nh)), (1, nh))
+        vec(p + "ssm_d", 1.0 + 5.0 * _normal(rng, nh), (1, nh))
+        vec(p + "ssm_norm.weight", norm(inner), (inner // ng, ng))
+        mat(p + "ssm_out.weight", e, inner)
+    vec("output_norm.weight", norm())
+    mat("output.weight", s["n_vocab"], e)
+    w.write()
