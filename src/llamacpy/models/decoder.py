@@ -121,6 +121,14 @@ class Decoder:
         """Token embeddings are multiplied by this."""
         return 1.0
 
+    def residual_scale(self) -> float:
+        """A block's outputs are multiplied by this before they join the residual (granite)."""
+        return 1.0
+
+    def logit_scale(self) -> float:
+        """Logits are multiplied by this (granite: 1 / its logit scale)."""
+        return 1.0
+
     def logit_softcap(self) -> float:
         """Logits -> c * tanh(logits / c) when c > 0."""
         return 0.0
@@ -290,7 +298,7 @@ class Decoder:
             int(self.expert_weights_norm), self.expert_gating, self.expert_act,
             *(hp.extra.get(k, 0) for k in SSM_KEYS), hp.norm_rms_eps, kq_scale, q_scale,
             self.embd_scale(), self.logit_softcap(), self.expert_weights_scale,
-            self.attn_logit_softcap(),
+            self.attn_logit_softcap(), self.residual_scale(), self.logit_scale(),
         )  # fmt: skip
         self.model_row = m
         self.rope_arr = np.stack([self.rope.packed(), self.rope_swa.packed()])

@@ -196,6 +196,14 @@ def _branch(el: Branch) -> Callable:
     return run
 
 
+def _residual(r: Reference, x: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``x + out``, or ``out * residual_scale + x`` (granite)."""
+    rs = r.M["residual_scale"]
+    if rs != 1.0:
+        out = (out * rs).astype(_F32)
+    return (out + x).astype(_F32)
+
+
 def _heads(a: np.ndarray, d: int) -> np.ndarray:
     """``[n, heads * d]`` -> ``[n, heads, d]``."""
     return a.reshape(len(a), -1, d)
@@ -221,6 +229,8 @@ def head(r: Reference, p: Pass) -> np.ndarray:
     c = M["softcap"]
     if c != 0.0:
         logits = np.tanh(logits * (_F32(1.0) / c)) * c
+    if M["logit_scale"] != 1.0:
+        logits = (logits * M["logit_scale"]).astype(_F32)
     return logits
 
 
@@ -316,8 +326,8 @@ def attention(r: Reference, p: Pass, L) -> None:
 
 
 def out_proj(r: Reference, p: Pass, L) -> None:
-    """``x += att . attn_output``."""
-    p.x = p.x + r.mm(L["attn_output"], p.att)
+    """``x += att . attn_output`` (times ``residual_scale``)."""
+    p.x = _residual(r, p.x, r.mm(L["attn_output"], p.att))
 
 
 def out_proj_post_norm(r: Reference, p: Pass, L) -> None:
@@ -364,8 +374,8 @@ def ffn_geglu(r: Reference, p: Pass, L) -> None:
 
 
 def ffn_down(r: Reference, p: Pass, L) -> None:
-    """``x += g . ffn_down``."""
-    p.x = p.x + r.mm(L["ffn_down"], p.g)
+    """``x += g . ffn_down`` (times ``residual_scale``)."""
+    p.x = _residual(r, p.x, r.mm(L["ffn_down"], p.g))
 
 
 def ffn_down_post_norm(r: Reference, p: Pass, L) -> None:
@@ -415,8 +425,9 @@ def _moe(r: Reference, p: Pass, L) -> np.ndarray:
 
 def ffn_moe(r: Reference, p: Pass, L) -> None:
     """``x += sum_j w_j * (silu(h . gate_e_j) * (h . up_e_j)) . down_e_j``: each expert's
-    output times its weight, added in the order of the selection, then to ``x``."""
-    p.x = (_moe(r, p, L) + p.x).astype(_F32)
+    output times its weight, added in the order of the selection, then to ``x`` (times
+    ``residual_scale``)."""
+    p.x = _residual(r, p.x, _moe(r, p, L))
 
 
 def ffn_moe_keep(r: Reference, p: Pass, L) -> None:
@@ -435,6 +446,15 @@ def ffn_shexp_down(r: Reference, p: Pass, L) -> None:
     added to the routed experts' sum, then to the residual."""
     shared = (r.mm(L["ffn_down"], p.g) * p.shexp_gate[:, None]).astype(_F32)
     p.x = ((p.moe + shared).astype(_F32) + p.x).astype(_F32)
+
+
+def ffn_shexp_in(r: Reference, p: Pass, L) -> None:
+    """(The compiled forward quantizes ``h`` again; here ``h`` is kept.)"""
+
+
+def ffn_shexp_add(r: Reference, p: Pass, L) -> None:
+    """``x = (moe + g . ffn_down) * residual_scale + x``."""
+    p.x = _residual(r, p.x, (p.moe + r.mm(L["ffn_down"], p.g)).astype(_F32))
 
 
 # ----------------------------------------------------------------------------- gated attention
@@ -550,7 +570,7 @@ def mamba2_conv(r: Reference, p: Pass, L) -> None:
     d_conv, _ds, _ng, _nh, inner, ch = _mamba2(r)
     conv, _ssm_rows, rows = p.states
     w = r.vec(L["ssm_conv1d"], ch * d_conv).reshape(ch, d_conv)
-    b = r.vec(L["ssm_conv1d_bias"], ch)
+    b = r.bias(L["ssm_conv1d_bias"], ch)  # (granitehybrid: optional)
     out = np.zeros((len(p.q), ch), _F32)
     for t, row in enumerate(rows):
         state = conv[int(L["kv_index"]), row].reshape(ch, d_conv - 1)
@@ -580,7 +600,7 @@ def mamba2_out(r: Reference, p: Pass, L) -> None:
     y = p.att.reshape(len(p.att), ng, inner // ng)
     w = r.vec(L["ssm_norm"], inner).reshape(ng, inner // ng)
     normed = rms_norm_numpy(y, np.ones(inner // ng, _F32), r.M["eps"]) * w
-    p.x = (p.x + r.mm(L["ssm_out"], normed.reshape(len(p.att), inner).astype(_F32))).astype(_F32)
+    p.x = _residual(r, p.x, r.mm(L["ssm_out"], normed.reshape(len(p.att), inner).astype(_F32)))
 
 
 Stage = Callable[[Reference, Pass, np.void], None]
@@ -614,6 +634,8 @@ STAGES: dict[str, Stage] = {
         ffn_moe_keep,
         ffn_shexp_gate,
         ffn_shexp_down,
+        ffn_shexp_in,
+        ffn_shexp_add,
         q_gate,
         attn_gate,
         delta_net_in,

@@ -160,6 +160,8 @@ MODEL_DTYPE = np.dtype(
         ("softcap", np.float32),  # logits -> c * tanh(logits / c) when c > 0
         ("expert_scale", np.float32),  # experts' weights are multiplied by this (0, 1: not)
         ("attn_softcap", np.float32),  # attention scores -> c * tanh(s / c) when c > 0
+        ("residual_scale", np.float32),  # a block's outputs times this before the residual
+        ("logit_scale", np.float32),  # logits are multiplied by this (granite: 1 / scale)
     ]
 )
 # Per worker: rows the stages work on (the last layer's FFN runs on the output rows only)
@@ -283,7 +285,16 @@ def _quantize_in(c, src, k, need, slot, clk):
 @njit(cache=True, inline="always")
 def _proj_residual(c, wi, post, slot, clk):
     """``X += W_wi . act`` -- or, with a post-norm at ``NF[post]``, ``X += rms_norm(W_wi .
-    act) * post`` through the scratch rows ``XN`` (two more barriers)."""
+    act) * post`` through the scratch rows ``XN`` (two more barriers); with a
+    ``residual_scale`` other than 1 (granite), ``X = (W_wi . act) * residual_scale + X``."""
+    if post < 0 and c.M.residual_scale != 1.0:
+        _mm(c, wi, c.XN, False)
+        n_embd, rs = c.M.n_embd, c.M.residual_scale
+        g0, g1 = split((n_embd + 15) // 16, c.tid, c.nth)  # the columns this thread wrote
+        for t in range(c.st.n_rows):
+            for i in range(16 * g0, min(16 * g1, n_embd)):
+                c.X[t, i] = c.XN[t, i] * rs + c.X[t, i]
+        return _sync(c, tick(c.prof, c.tid, slot, clk))
     if post < 0:
         _mm(c, wi, c.X, True)
         return _sync(c, tick(c.prof, c.tid, slot, clk))
@@ -721,6 +732,8 @@ def _moe(c, L, keep, clk):
                 acc = acc + c.WTS[t, j] * c.EO[t * k + j, i]
             if keep:
                 c.EO[t * k, i] = acc
+            elif M.residual_scale != 1.0:
+                c.X[t, i] = acc * M.residual_scale + c.X[t, i]
             else:
                 c.X[t, i] = acc + c.X[t, i]
     return _sync(c, tick(c.prof, tid, P_FFN_DOWN, clk))
@@ -773,6 +786,35 @@ def ffn_shexp_down(c, L, clk):
         s = c.RL[t, 0]
         for i in range(16 * g0, min(16 * g1, n_embd)):
             c.X[t, i] = (c.EO[t * k, i] + c.XN[t, i] * s) + c.X[t, i]
+    return _sync(c, tick(c.prof, c.tid, P_FFN_DOWN, clk))
+
+
+@njit(cache=True)
+def ffn_shexp_in(c, L, clk):
+    """``h`` (the float rows :func:`ffn_norm` left in ``XN``) quantized again for a shared
+    expert after the routed ones (their down projection used the activation buffer; one
+    row: still in the private one)."""
+    if c.st.n_rows == 1:
+        return clk
+    t0, t1 = _token_rows(c)
+    prepare_acts(c.XN, t0, t1, c.M.n_embd, L.need_ffn, c.A)
+    return _sync(c, tick(c.prof, c.tid, P_NORM, clk))
+
+
+@njit(cache=True)
+def ffn_shexp_add(c, L, clk):
+    """``x = (moe + g . ffn_down) * residual_scale + x``: the shared expert's output (its
+    SwiGLU ``g`` from :func:`ffn_swiglu`) added ungated to the kept sum of the routed
+    experts, as llama.cpp's granite MoE with a shared expert."""
+    M = c.M
+    n, k, n_embd, rs = c.st.n_rows, M.n_expert_used, M.n_embd, M.residual_scale
+    ta, tb, AA = _acts(c)
+    g0, g1 = split((n_embd + 15) // 16, c.tid, c.nth)
+    matmul_sel(c.fmask, c.W, c.WD[L.ffn_down], AA, ta, tb, g0, g1, c.XN, 0, False)
+    for t in range(n):  # this thread's columns: no barrier
+        for i in range(16 * g0, min(16 * g1, n_embd)):
+            y = c.EO[t * k, i] + c.XN[t, i]
+            c.X[t, i] = (y * rs if rs != 1.0 else y) + c.X[t, i]
     return _sync(c, tick(c.prof, c.tid, P_FFN_DOWN, clk))
 
 
@@ -942,12 +984,12 @@ def mamba2_in(c, L, clk):
 @njit(cache=True)
 def mamba2_conv(c, L, clk):
     """``xBC = silu(conv(xBC) + ssm_conv1d.bias)``: the causal convolution of each channel
-    over its state row (threads split the channels)."""
+    over its state row (threads split the channels; granitehybrid's bias is optional)."""
     M = c.M
     ch, taps, n = _conv_channels(M), M.ssm_d_conv, c.st.n_rows
     state = _state_rows(c, L, c.kv_swa.KC, c.kvi[7]).reshape(c.kvi[6], ch, taps - 1)
     w = c.NF[L.ssm_conv1d : L.ssm_conv1d + ch * taps].reshape(ch, taps)
-    b = c.NF[L.ssm_conv1d_bias : L.ssm_conv1d_bias + ch]
+    b = c.NF[L.ssm_conv1d_bias : L.ssm_conv1d_bias + ch] if L.ssm_conv1d_bias >= 0 else c.NF[:0]
     g0, g1 = split(ch // 16, c.tid, c.nth)
     cells = c.kv_swa.cells
     conv_bias_tokens(c.Q, M.ssm_d_inner, n, cells, state, w, b, c.XN, 16 * g0, 16 * g1)
@@ -1004,7 +1046,8 @@ def mamba2_out(c, L, clk):
 
 @njit(cache=True)
 def head(c, clk):
-    """Logits of the output rows: ``rms_norm(x) * output_norm . output`` (soft-capped)."""
+    """Logits of the output rows: ``rms_norm(x) * output_norm . output`` (soft-capped;
+    times ``logit_scale``)."""
     M = c.M
     n_out, n_embd, tid = c.n_out, M.n_embd, c.tid
     if n_out == 0:
@@ -1030,6 +1073,10 @@ def head(c, clk):
         for i in range(n_out):
             for j in range(16 * g0, min(16 * g1, M.n_vocab)):
                 c.LOG[i, j] = np.tanh(c.LOG[i, j] * (np.float32(1.0) / M.softcap)) * M.softcap
+    if M.logit_scale != 1.0:  # (granite) likewise
+        for i in range(n_out):
+            for j in range(16 * g0, min(16 * g1, M.n_vocab)):
+                c.LOG[i, j] = c.LOG[i, j] * M.logit_scale
     return tick(c.prof, tid, P_HEAD, clk)
 
 

@@ -23,7 +23,9 @@ _F32 = np.float32
 def conv_bias_tokens(x, xoff, n, rows, state, w, bias, out, c0, c1):
     """For tokens ``0..n`` and channels ``c0..c1``: ``out[t, c] = sum_i window[c, i] *
     w[c, i] + bias[c]`` over the window of the state row ``state[rows[t], c, :]`` followed
-    by ``x[t, xoff + c]``; the state row then drops its oldest input and takes the new one."""
+    by ``x[t, xoff + c]``; the state row then drops its oldest input and takes the new one.
+    An empty ``bias``: none added."""
+    has_bias = bias.shape[0] > 0
     taps = w.shape[1]
     for t in range(n):
         s = state[rows[t]]
@@ -36,7 +38,7 @@ def conv_bias_tokens(x, xoff, n, rows, state, w, bias, out, c0, c1):
             for i in range(taps - 2):
                 s[c, i] = s[c, i + 1]
             s[c, taps - 2] = xv
-            out[t, c] = acc + bias[c]
+            out[t, c] = acc + bias[c] if has_bias else acc
 
 
 @njit(cache=True, inline="always")
