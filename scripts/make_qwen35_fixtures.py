@@ -1,14 +1,15 @@
 #!/usr/bin/env python
-"""Produce the fixtures of the hybrid architectures' tests (qwen35, qwen35moe, lfm2, lfm2moe) with
-llama.cpp (the oracle; dev-only).
+"""Produce the fixtures of the hybrid and recurrent architectures' tests (qwen35, qwen35moe,
+lfm2, lfm2moe, mamba2, granitehybrid and its variants) with llama.cpp (the oracle; dev-only).
 
 Run from the repository root with the project's venv::
 
-    .venv/bin/python scripts/make_qwen35_fixtures.py [--arch qwen35moe|lfm2|lfm2moe] [--oracle-py PY]
+    .venv/bin/python scripts/make_qwen35_fixtures.py [--arch qwen35moe|lfm2|lfm2moe|mamba2|granitehybrid|...] [--oracle-py PY]
 
 Writes ``tests/fixtures/engine/{arch}_logits.npz``: for the tiny random ``qwen35`` of
 ``llamacpy.models.tiny.write_tiny_qwen35`` (``qwen35moe``: ``write_tiny_qwen35moe``, ``lfm2``:
-``write_tiny_lfm2``, ``lfm2moe``: ``write_tiny_lfm2moe``; seed 3,
+``write_tiny_lfm2``, ``lfm2moe``: ``write_tiny_lfm2moe``, ``mamba2``: ``write_tiny_mamba2``, ``granitehybrid*``: ``write_tiny_granitehybrid`` with
+``tiny.GRANITEHYBRID_CASES``' options; seed 3,
 F32 and Q8_0 weights, rebuilt by the tests) the file's sha256, llama.cpp's logits on ``tokens`` (one batch, every position), a
 greedy continuation of ``prompt`` with the logits of each step (prompt in one batch, then one
 token at a time), and what ``llama_memory_seq_rm`` answers after the prompt for a tail, a
@@ -31,8 +32,11 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from llamacpy.gguf import GGMLType  # noqa: E402
 from llamacpy.models.tiny import (  # noqa: E402
+    GRANITEHYBRID_CASES,
+    write_tiny_granitehybrid,
     write_tiny_lfm2,
     write_tiny_lfm2moe,
+    write_tiny_mamba2,
     write_tiny_qwen35,
     write_tiny_qwen35moe,
 )
@@ -44,7 +48,10 @@ N_GREEDY = 8
 N_CTX = 64
 TYPES = (GGMLType.F32, GGMLType.Q8_0)
 WRITERS = {"qwen35": write_tiny_qwen35, "qwen35moe": write_tiny_qwen35moe,
-           "lfm2": write_tiny_lfm2, "lfm2moe": write_tiny_lfm2moe}  # fmt: skip
+           "lfm2": write_tiny_lfm2, "lfm2moe": write_tiny_lfm2moe,
+           "mamba2": write_tiny_mamba2}  # fmt: skip
+for _case, _kw in GRANITEHYBRID_CASES.items():  # granitehybrid, _moe, _rope
+    WRITERS[_case] = lambda path, t, seed, _kw=_kw: write_tiny_granitehybrid(path, t, seed, **_kw)
 SEQ_RM = ((0, 3, -1), (0, len(PROMPT) + N_GREEDY, -1), (0, 0, -1))  # (seq, p0, p1)
 
 _STEPS = """llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(m.ctx), True)

@@ -31,9 +31,11 @@ from llamacpy.models.tiny import (
     LLAMA_CPP_CASES,
     TINY_ARCHS,
     write_tiny_bert,
+    write_tiny_granitehybrid,
     write_tiny_lfm2,
     write_tiny_lfm2moe,
     write_tiny_llama,
+    write_tiny_mamba2,
     write_tiny_qwen35,
     write_tiny_qwen35moe,
 )
@@ -61,6 +63,8 @@ BUILDERS["qwen35"] = lambda path, t: write_tiny_qwen35(path, t, seed=SEED)  # hy
 BUILDERS["qwen35moe"] = lambda path, t: write_tiny_qwen35moe(path, t, seed=SEED)
 BUILDERS["lfm2"] = lambda path, t: write_tiny_lfm2(path, t, seed=SEED)
 BUILDERS["lfm2moe"] = lambda path, t: write_tiny_lfm2moe(path, t, seed=SEED)
+BUILDERS["mamba2"] = lambda path, t: write_tiny_mamba2(path, t, seed=SEED)  # recurrent only
+BUILDERS["granitehybrid"] = lambda path, t: write_tiny_granitehybrid(path, t, seed=SEED)
 ENCODERS = {"bert"}
 TOKENS = FIX["tokens"].tolist()  # 18 tokens: past gemma3's window of 4
 PROMPT = FIX["prompt"].tolist()

@@ -39,40 +39,22 @@ class HParams:
     n_swa: int  # sliding-window size, 0 when every layer attends globally
 
     @classmethod
-    def from_gguf(cls, metadata: Mapping[str, Any], n_vocab: int | None = None) -> HParams:
-        """Read and sanity-check the hyper-parameters of a model's metadata."""
+    def from_gguf(
+        cls, metadata: Mapping[str, Any], n_vocab: int | None = None, attention: bool = True
+    ) -> HParams:
+        """Read and sanity-check the hyper-parameters of a model's metadata. ``attention``
+        False: a model without attention layers (mamba2, whose files give
+        ``attention.head_count`` 0): the attention sizes are 0 and their keys not read."""
         arch = metadata.get(KEY_ARCHITECTURE)
         if not isinstance(arch, str):
             raise ModelError(f"missing or non-string metadata key {KEY_ARCHITECTURE!r}")
         get = _Getter(metadata, arch)
         n_embd = get.int("embedding_length")
-        n_head = get.int("attention.head_count")
-        kv_layers = _kv_heads_per_layer(metadata, arch)
-        if kv_layers is not None:  # hybrids: 0 in the layers without attention
-            n_head_kv = max(kv_layers)
+        if attention:
+            n_head, n_head_kv, head_k, head_v, n_rot = _attention_sizes(get, metadata, arch, n_embd)
         else:
-            n_head_kv = get.int("attention.head_count_kv", default=n_head)
-        if n_head_kv > n_head or n_head % n_head_kv:
-            raise ModelError(
-                f"attention.head_count ({n_head}) is not a multiple of "
-                f"attention.head_count_kv ({n_head_kv}) (key {arch}.attention.head_count_kv)"
-            )
-        head_k = get.int("attention.key_length", default=0)
-        if head_k == 0:
-            if n_embd % n_head:
-                raise ModelError(
-                    f"embedding_length ({n_embd}) is not divisible by attention.head_count "
-                    f"({n_head}) and no attention.key_length is given "
-                    f"(key {arch}.attention.head_count)"
-                )
-            head_k = n_embd // n_head
-        head_v = get.int("attention.value_length", default=head_k)
-        n_rot = get.int("rope.dimension_count", default=head_k)
-        if n_rot > head_k or n_rot % 2:
-            raise ModelError(
-                f"rope.dimension_count ({n_rot}) must be even and at most the head size "
-                f"({head_k}) (key {arch}.rope.dimension_count)"
-            )
+            n_head = n_head_kv = head_k = head_v = n_rot = 0
+        kv_layers = _kv_heads_per_layer(metadata, arch) if attention else None
         if n_vocab is None:
             tokens = metadata.get("tokenizer.ggml.tokens")
             n_vocab = get.int("vocab_size", default=len(tokens) if tokens is not None else 0)
@@ -83,7 +65,7 @@ class HParams:
             n_ctx_train=get.int("context_length"),
             n_embd=n_embd,
             n_layer=get.int("block_count"),
-            n_ff=get.int("feed_forward_length"),
+            n_ff=get.int("feed_forward_length") if attention else 0,
             n_head=n_head,
             n_head_kv=n_head_kv,
             n_embd_head_k=head_k,
@@ -119,6 +101,38 @@ class HParams:
     def n_embd_o(self) -> int:
         """Columns of ``attn_output``: the attention output of all heads."""
         return self.n_head * self.n_embd_head_v
+
+
+def _attention_sizes(get, metadata: Mapping[str, Any], arch: str, n_embd: int) -> tuple:
+    """(heads, KV heads, key head size, value head size, rope dimensions), checked."""
+    n_head = get.int("attention.head_count")
+    kv_layers = _kv_heads_per_layer(metadata, arch)
+    if kv_layers is not None:  # hybrids: 0 in the layers without attention
+        n_head_kv = max(kv_layers)
+    else:
+        n_head_kv = get.int("attention.head_count_kv", default=n_head)
+    if n_head_kv > n_head or n_head % n_head_kv:
+        raise ModelError(
+            f"attention.head_count ({n_head}) is not a multiple of "
+            f"attention.head_count_kv ({n_head_kv}) (key {arch}.attention.head_count_kv)"
+        )
+    head_k = get.int("attention.key_length", default=0)
+    if head_k == 0:
+        if n_embd % n_head:
+            raise ModelError(
+                f"embedding_length ({n_embd}) is not divisible by attention.head_count "
+                f"({n_head}) and no attention.key_length is given "
+                f"(key {arch}.attention.head_count)"
+            )
+        head_k = n_embd // n_head
+    head_v = get.int("attention.value_length", default=head_k)
+    n_rot = get.int("rope.dimension_count", default=head_k)
+    if n_rot > head_k or n_rot % 2:
+        raise ModelError(
+            f"rope.dimension_count ({n_rot}) must be even and at most the head size "
+            f"({head_k}) (key {arch}.rope.dimension_count)"
+        )
+    return n_head, n_head_kv, head_k, head_v, n_rot
 
 
 def _kv_heads_per_layer(metadata: Mapping[str, Any], arch: str) -> tuple[int, ...] | None:

@@ -111,6 +111,8 @@ class Decoder:
     expert_act: ClassVar[int] = stages.ACT_SWIGLU  # the experts' activation
     # attention.head_count_kv may give 0 for the layers without attention (hybrids)
     per_layer_kv_heads: ClassVar[bool] = False
+    # False: no attention at all (mamba2: attention.head_count 0, the attention sizes 0)
+    has_attention: ClassVar[bool] = True
 
     # ------------------------------------------------------------------ numeric choices
     def attention_scales(self) -> tuple[float, float]:
@@ -119,6 +121,14 @@ class Decoder:
 
     def embd_scale(self) -> float:
         """Token embeddings are multiplied by this."""
+        return 1.0
+
+    def residual_scale(self) -> float:
+        """A block's outputs are multiplied by this before they join the residual (granite)."""
+        return 1.0
+
+    def logit_scale(self) -> float:
+        """Logits are multiplied by this (granite: 1 / its logit scale)."""
         return 1.0
 
     def logit_softcap(self) -> float:
@@ -167,7 +177,7 @@ class Decoder:
         (before any weight is read)."""
         if cls.variant(md) is not cls:
             return cls.variant(md).check(md, shapes)
-        hp = cls.derived(read_hparams(cls.arch, md, shapes, cls.params))
+        hp = cls.derived(read_hparams(cls.arch, md, shapes, cls.params, cls.has_attention))
         per_layer = hp.extra.get("kv_heads_per_layer")
         if per_layer is not None and not cls.per_layer_kv_heads:
             raise ModelError(
@@ -306,6 +316,7 @@ class Decoder:
             *(hp.extra.get(k, 0) for k in SSM_KEYS), hp.norm_rms_eps, kq_scale, q_scale,
             self.embd_scale(), self.logit_softcap(), self.expert_weights_scale,
             self.attn_logit_softcap(), *(hp.extra.get(k, 0) for k in MLA_KEYS),
+            self.residual_scale(), self.logit_scale(),
         )  # fmt: skip
         self.model_row = m
         self.rope_arr = np.stack([self.rope.packed(), self.rope_swa.packed()])
@@ -396,6 +407,7 @@ NEEDS = {
         "ssm_alpha",
         "attn_q_a",
         "attn_kv_a_mqa",
+        "ssm_in",
     ),
     "need_q_b": ("attn_q_b",),
     "need_k_b": ("attn_k_b",),
@@ -482,9 +494,9 @@ class Workspace:
         z = lazy_zeros
         self.n_tokens, self.n_threads = n_tokens, n_threads
         self.x = z((n_tokens, e), np.float32)
-        self.xn = z((n_tokens, kmax), np.float32)
+        self.xn = z((n_tokens, max(kmax, channels)), np.float32)  # (Mamba-2: x | B | C)
         channels = max(channels, hp.extra.get("q_width", 0))  # lfm2: b | c | x
-        self.q = z((n_tokens, max(qd + gate, channels)), np.float32)
+        self.q = z((n_tokens, _pad16(max(qd + gate, channels))), np.float32)  # (whole row groups)
         self.k = z((n_tokens, _pad16(kvd)), np.float32)
         self.v = z((n_tokens, _pad16(kvd)), np.float32)
         self.att = z((n_tokens, max(qd, inner)), np.float32)
@@ -513,7 +525,9 @@ class Workspace:
             z((nt, d, tile), np.float32),  # K tile (transposed)
             z((nt, tile, d), np.float32),  # V tile
             z((nt, 2 * tile), np.float32),  # tile scores of two query rows
-            z((nt, 128 * (n_head // hp.n_head_kv)), np.float32),  # softmax states of a block
+            z(
+                (nt, 128 * (n_head // max(1, hp.n_head_kv))), np.float32
+            ),  # softmax states of a block
             z((n_head, nt), np.float32),  # split partials: M
             z((n_head, nt), np.float32),  # S
             z((n_head, nt, d), np.float32),  # VKQ

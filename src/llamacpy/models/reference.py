@@ -40,6 +40,7 @@ from .delta_net_ref import (
     sigmoid_numpy,
     softplus_numpy,
 )
+from .mamba2_ref import conv_bias_step, scan_step
 from .spec import Branch, stage_names
 from .stages import ACT_SWIGLU_OAI, GATING_SIGMOID, GATING_SOFTMAX_WEIGHT
 
@@ -144,7 +145,7 @@ class Reference:
         kc, vc, kcs, vcs, info = kv
         k_type, v_type, rowb, n_ctx, n_ctx_swa = (int(v) for v in info[:5])
         hk = int(M["n_head_kv"])  # flat caches -> [layer, head, cell]
-        glob = Part(kc.reshape(-1, hk, n_ctx, rowb), vc.reshape(-1, hk, n_ctx, rowb),
+        glob = Part(_cells(kc, hk, n_ctx, rowb), _cells(vc, hk, n_ctx, rowb),
                     ub.cells, ub.mask, ub.n_kv, ub.mode, ub.order)  # fmt: skip
         win, states = glob, None
         if ub.rows is not None:  # a hybrid memory: the second pair holds the states
@@ -164,6 +165,13 @@ class Reference:
             for fn in self.stages:
                 fn(self, p, L)
         return head(self, p)
+
+
+def _cells(flat: np.ndarray, hk: int, n_ctx: int, rowb: int) -> np.ndarray:
+    """A flat cache as ``[layer, head, cell, row bytes]`` (empty: a model without attention)."""
+    if flat.size == 0:
+        return flat.reshape(0, hk, n_ctx, rowb)
+    return flat.reshape(-1, hk, n_ctx, rowb)
 
 
 def stage_functions(block: tuple) -> list[Callable]:
@@ -186,6 +194,14 @@ def _branch(el: Branch) -> Callable:
             fn(r, p, L)
 
     return run
+
+
+def _residual(r: Reference, x: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``x + out``, or ``out * residual_scale + x`` (granite)."""
+    rs = r.M["residual_scale"]
+    if rs != 1.0:
+        out = (out * rs).astype(_F32)
+    return (out + x).astype(_F32)
 
 
 def _heads(a: np.ndarray, d: int) -> np.ndarray:
@@ -213,6 +229,8 @@ def head(r: Reference, p: Pass) -> np.ndarray:
     c = M["softcap"]
     if c != 0.0:
         logits = np.tanh(logits * (_F32(1.0) / c)) * c
+    if M["logit_scale"] != 1.0:
+        logits = (logits * M["logit_scale"]).astype(_F32)
     return logits
 
 
@@ -308,8 +326,8 @@ def attention(r: Reference, p: Pass, L) -> None:
 
 
 def out_proj(r: Reference, p: Pass, L) -> None:
-    """``x += att . attn_output``."""
-    p.x = p.x + r.mm(L["attn_output"], p.att)
+    """``x += att . attn_output`` (times ``residual_scale``)."""
+    p.x = _residual(r, p.x, r.mm(L["attn_output"], p.att))
 
 
 def out_proj_post_norm(r: Reference, p: Pass, L) -> None:
@@ -356,8 +374,8 @@ def ffn_geglu(r: Reference, p: Pass, L) -> None:
 
 
 def ffn_down(r: Reference, p: Pass, L) -> None:
-    """``x += g . ffn_down``."""
-    p.x = p.x + r.mm(L["ffn_down"], p.g)
+    """``x += g . ffn_down`` (times ``residual_scale``)."""
+    p.x = _residual(r, p.x, r.mm(L["ffn_down"], p.g))
 
 
 def ffn_down_post_norm(r: Reference, p: Pass, L) -> None:
@@ -424,8 +442,9 @@ def _moe(r: Reference, p: Pass, L) -> np.ndarray:
 
 def ffn_moe(r: Reference, p: Pass, L) -> None:
     """``x += sum_j w_j * (silu(h . gate_e_j) * (h . up_e_j)) . down_e_j``: each expert's
-    output times its weight, added in the order of the selection, then to ``x``."""
-    p.x = (_moe(r, p, L) + p.x).astype(_F32)
+    output times its weight, added in the order of the selection, then to ``x`` (times
+    ``residual_scale``)."""
+    p.x = _residual(r, p.x, _moe(r, p, L))
 
 
 def ffn_moe_keep(r: Reference, p: Pass, L) -> None:
@@ -522,6 +541,15 @@ def mla_out(r: Reference, p: Pass, L) -> None:
     p.x = p.x + r.mm(L["attn_output"], o)
 
 
+def ffn_shexp_in(r: Reference, p: Pass, L) -> None:
+    """(The compiled forward quantizes ``h`` again; here ``h`` is kept.)"""
+
+
+def ffn_shexp_add(r: Reference, p: Pass, L) -> None:
+    """``x = (moe + g . ffn_down) * residual_scale + x``."""
+    p.x = _residual(r, p.x, (p.moe + r.mm(L["ffn_down"], p.g)).astype(_F32))
+
+
 # ----------------------------------------------------------------------------- gated attention
 def q_gate(r: Reference, p: Pass, L) -> None:
     """``attn_q``'s rows per head are the query, then its output gate: apart."""
@@ -615,6 +643,59 @@ def shortconv_out(r: Reference, p: Pass, L) -> None:
     p.x = (p.x + r.mm(L["ssm_out"], p.att)).astype(_F32)
 
 
+# ----------------------------------------------------------------------------- Mamba-2
+def _mamba2(r: Reference) -> tuple[int, int, int, int, int, int]:
+    """(conv taps, state size, groups, heads, inner size, channels of the convolution)."""
+    M = r.M
+    d_conv, ds, ng, nh, inner = (int(M[k]) for k in ("ssm_d_conv", "ssm_d_state",
+                                                      "ssm_n_group", "ssm_dt_rank",
+                                                      "ssm_d_inner"))  # fmt: skip
+    return d_conv, ds, ng, nh, inner, inner + 2 * ng * ds
+
+
+def mamba2_in(r: Reference, p: Pass, L) -> None:
+    """``z | xBC | dt = h . ssm_in`` (in ``q``)."""
+    p.q = r.mm(L["ssm_in"], p.h)
+
+
+def mamba2_conv(r: Reference, p: Pass, L) -> None:
+    """``xBC = silu(conv(xBC) + ssm_conv1d.bias)`` over each token's state row (in ``k``)."""
+    d_conv, _ds, _ng, _nh, inner, ch = _mamba2(r)
+    conv, _ssm_rows, rows = p.states
+    w = r.vec(L["ssm_conv1d"], ch * d_conv).reshape(ch, d_conv)
+    b = r.bias(L["ssm_conv1d_bias"], ch)  # (granitehybrid: optional)
+    out = np.zeros((len(p.q), ch), _F32)
+    for t, row in enumerate(rows):
+        state = conv[int(L["kv_index"]), row].reshape(ch, d_conv - 1)
+        out[t] = conv_bias_step(state, p.q[t, inner : inner + ch], w, b)
+    p.k = silu_numpy(out)
+
+
+def mamba2_scan(r: Reference, p: Pass, L) -> None:
+    """Per token: the selective scan on the token's state row, then ``y *= silu(z)``."""
+    _d, ds, ng, nh, inner, ch = _mamba2(r)
+    _conv, ssm, rows = p.states
+    hd = inner // nh
+    dt_b, a, d = (r.vec(L[k], nh) for k in ("ssm_dt_bias", "ssm_a", "ssm_d"))
+    y = np.zeros((len(p.q), inner), _F32)
+    for t, row in enumerate(rows):
+        xbc = p.k[t]
+        S = ssm[int(L["kv_index"]), row].reshape(nh, hd, ds)
+        dt = (p.q[t, inner + ch : inner + ch + nh] + dt_b).astype(_F32)
+        bc = xbc[inner:].reshape(2, ng, ds)
+        y[t] = scan_step(S, xbc[:inner].reshape(nh, hd), dt, a, bc[0], bc[1], d).reshape(-1)
+    p.att = (y * silu_numpy(p.q[:, :inner])).astype(_F32)
+
+
+def mamba2_out(r: Reference, p: Pass, L) -> None:
+    """``x += group_rms_norm(y) * ssm_norm . ssm_out``."""
+    _d, _ds, ng, _nh, inner, _ch = _mamba2(r)
+    y = p.att.reshape(len(p.att), ng, inner // ng)
+    w = r.vec(L["ssm_norm"], inner).reshape(ng, inner // ng)
+    normed = rms_norm_numpy(y, np.ones(inner // ng, _F32), r.M["eps"]) * w
+    p.x = _residual(r, p.x, r.mm(L["ssm_out"], normed.reshape(len(p.att), inner).astype(_F32)))
+
+
 Stage = Callable[[Reference, Pass, np.void], None]
 # stage name (as in an architecture's block) -> its numpy function
 STAGES: dict[str, Stage] = {
@@ -651,6 +732,8 @@ STAGES: dict[str, Stage] = {
         mla_absorb,
         mla_attention,
         mla_out,
+        ffn_shexp_in,
+        ffn_shexp_add,
         q_gate,
         attn_gate,
         delta_net_in,
@@ -660,5 +743,9 @@ STAGES: dict[str, Stage] = {
         shortconv_in,
         shortconv_conv,
         shortconv_out,
+        mamba2_in,
+        mamba2_conv,
+        mamba2_scan,
+        mamba2_out,
     )
 }

@@ -212,14 +212,19 @@ def _fused_for(decls, field: str, i: int | None, shapes) -> Fused | None:
 
 
 def read_hparams(
-    arch: str, md: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]], params=()
+    arch: str,
+    md: Mapping[str, Any],
+    shapes: Mapping[str, tuple[int, ...]],
+    params=(),
+    attention: bool = True,
 ) -> HParams:
     """The common decoder hyper-parameters (:meth:`HParams.from_gguf`), the vocabulary size
-    checked against the tokenizer, and the architecture's own :class:`Param` values."""
+    checked against the tokenizer, and the architecture's own :class:`Param` values
+    (``attention`` False: a model without attention layers, see ``HParams.from_gguf``)."""
     emb = shapes.get("token_embd.weight")
-    hp = HParams.from_gguf(md, n_vocab=None)
+    hp = HParams.from_gguf(md, n_vocab=None, attention=attention)
     if hp.n_vocab == 0 and emb is not None and len(emb) == 2:
-        hp = HParams.from_gguf(md, n_vocab=emb[1])
+        hp = HParams.from_gguf(md, n_vocab=emb[1], attention=attention)
     if hp.n_vocab <= 0:
         raise ModelError("cannot determine the vocabulary size (no tokenizer.ggml.tokens)")
     tokens = md.get("tokenizer.ggml.tokens")

@@ -49,6 +49,7 @@ from ..ops.matmul import matmul_rows_sel, matmul_sel, prepare_acts
 from ..ops.moe import expert_weights, shared_gate, softmax_ggml, top_k
 from ..ops.norm import head_rms_norm, rms_norm
 from ..ops.rope import rope_apply, rope_cache
+from ..ops.ssm import conv_bias_tokens, scan_head
 from ..ops.threads import barrier, split, tick, timed_barrier
 
 MODE_ROWS, MODE_TILED, MODE_SPLIT = 0, 1, 2  # attention kernels (see engine.context)
@@ -88,6 +89,7 @@ LAYER_DTYPE = np.dtype(
             "ssm_beta",
             "ssm_alpha",
             "ssm_out",
+            "ssm_in",  # Mamba-2: the in-projection z | xBC | dt
             "attn_norm",
             "ffn_norm",
             "attn_q_norm",
@@ -101,6 +103,8 @@ LAYER_DTYPE = np.dtype(
             "ssm_dt_bias",
             "ssm_a",
             "ssm_norm",
+            "ssm_conv1d_bias",  # Mamba-2: conv bias per channel, skip weight D per head
+            "ssm_d",
             "attn_output_bias",
             "attn_sinks",  # one learned score per head added to the softmax (gpt-oss)
             "ffn_gate_inp_bias",  # mixture of experts: router bias
@@ -173,6 +177,8 @@ MODEL_DTYPE = np.dtype(
         ("n_lora_kv", np.int64),  # the latent's size (the cache row: latent | rope key)
         ("head_k_mla", np.int64),  # a head's query/key size (nope | rope) before absorption
         ("head_v_mla", np.int64),  # a head's value size after attn_v_b
+        ("residual_scale", np.float32),  # a block's outputs times this before the residual
+        ("logit_scale", np.float32),  # logits are multiplied by this (granite: 1 / scale)
     ]
 )
 # Per worker: rows the stages work on (the last layer's FFN runs on the output rows only)
@@ -296,7 +302,16 @@ def _quantize_in(c, src, k, need, slot, clk):
 @njit(cache=True, inline="always")
 def _proj_residual(c, wi, post, slot, clk):
     """``X += W_wi . act`` -- or, with a post-norm at ``NF[post]``, ``X += rms_norm(W_wi .
-    act) * post`` through the scratch rows ``XN`` (two more barriers)."""
+    act) * post`` through the scratch rows ``XN`` (two more barriers); with a
+    ``residual_scale`` other than 1 (granite), ``X = (W_wi . act) * residual_scale + X``."""
+    if post < 0 and c.M.residual_scale != 1.0:
+        _mm(c, wi, c.XN, False)
+        n_embd, rs = c.M.n_embd, c.M.residual_scale
+        g0, g1 = split((n_embd + 15) // 16, c.tid, c.nth)  # the columns this thread wrote
+        for t in range(c.st.n_rows):
+            for i in range(16 * g0, min(16 * g1, n_embd)):
+                c.X[t, i] = c.XN[t, i] * rs + c.X[t, i]
+        return _sync(c, tick(c.prof, c.tid, slot, clk))
     if post < 0:
         _mm(c, wi, c.X, True)
         return _sync(c, tick(c.prof, c.tid, slot, clk))
@@ -774,6 +789,8 @@ def _moe(c, L, keep, clk):
                 acc = acc + c.WTS[t, j] * c.EO[t * k + j, i]
             if keep:
                 c.EO[t * k, i] = acc
+            elif M.residual_scale != 1.0:
+                c.X[t, i] = acc * M.residual_scale + c.X[t, i]
             else:
                 c.X[t, i] = acc + c.X[t, i]
     return _sync(c, tick(c.prof, tid, P_FFN_DOWN, clk))
@@ -980,6 +997,35 @@ def mla_out(c, L, clk):
     return _proj_residual(c, L.attn_output, NONE, P_OUT_PROJ, clk)
 
 
+@njit(cache=True)
+def ffn_shexp_in(c, L, clk):
+    """``h`` (the float rows :func:`ffn_norm` left in ``XN``) quantized again for a shared
+    expert after the routed ones (their down projection used the activation buffer; one
+    row: still in the private one)."""
+    if c.st.n_rows == 1:
+        return clk
+    t0, t1 = _token_rows(c)
+    prepare_acts(c.XN, t0, t1, c.M.n_embd, L.need_ffn, c.A)
+    return _sync(c, tick(c.prof, c.tid, P_NORM, clk))
+
+
+@njit(cache=True)
+def ffn_shexp_add(c, L, clk):
+    """``x = (moe + g . ffn_down) * residual_scale + x``: the shared expert's output (its
+    SwiGLU ``g`` from :func:`ffn_swiglu`) added ungated to the kept sum of the routed
+    experts, as llama.cpp's granite MoE with a shared expert."""
+    M = c.M
+    n, k, n_embd, rs = c.st.n_rows, M.n_expert_used, M.n_embd, M.residual_scale
+    ta, tb, AA = _acts(c)
+    g0, g1 = split((n_embd + 15) // 16, c.tid, c.nth)
+    matmul_sel(c.fmask, c.W, c.WD[L.ffn_down], AA, ta, tb, g0, g1, c.XN, 0, False)
+    for t in range(n):  # this thread's columns: no barrier
+        for i in range(16 * g0, min(16 * g1, n_embd)):
+            y = c.EO[t * k, i] + c.XN[t, i]
+            c.X[t, i] = (y * rs if rs != 1.0 else y) + c.X[t, i]
+    return _sync(c, tick(c.prof, c.tid, P_FFN_DOWN, clk))
+
+
 # ----------------------------------------------------------------------------- gated attention
 @njit(cache=True)
 def q_gate(c, L, clk):
@@ -1132,9 +1178,84 @@ def shortconv_out(c, L, clk):
     return _proj_residual(c, L.ssm_out, NONE, P_OUT_PROJ, clk)
 
 
+# ----------------------------------------------------------------------------- Mamba-2
+# z | xBC | dt in Q; the convolved xBC (x | B | C) in XN; y in ATT. The states are the second
+# memory part (``kv_swa``): the convolution rows in KC, the scan rows in VC, each token's
+# state row in ``cells``.
+@njit(cache=True)
+def mamba2_in(c, L, clk):
+    """``z | xBC | dt = h . ssm_in``."""
+    _mm(c, L.ssm_in, c.Q, False)
+    return _sync(c, tick(c.prof, c.tid, P_QKV, clk))
+
+
+@njit(cache=True)
+def mamba2_conv(c, L, clk):
+    """``xBC = silu(conv(xBC) + ssm_conv1d.bias)``: the causal convolution of each channel
+    over its state row (threads split the channels; granitehybrid's bias is optional)."""
+    M = c.M
+    ch, taps, n = _conv_channels(M), M.ssm_d_conv, c.st.n_rows
+    state = _state_rows(c, L, c.kv_swa.KC, c.kvi[7]).reshape(c.kvi[6], ch, taps - 1)
+    w = c.NF[L.ssm_conv1d : L.ssm_conv1d + ch * taps].reshape(ch, taps)
+    b = c.NF[L.ssm_conv1d_bias : L.ssm_conv1d_bias + ch] if L.ssm_conv1d_bias >= 0 else c.NF[:0]
+    g0, g1 = split(ch // 16, c.tid, c.nth)
+    cells = c.kv_swa.cells
+    conv_bias_tokens(c.Q, M.ssm_d_inner, n, cells, state, w, b, c.XN, 16 * g0, 16 * g1)
+    silu(c.XN, 0, n, 16 * g0, 16 * g1, c.XN)
+    return _sync(c, tick(c.prof, c.tid, P_ROPE, clk))
+
+
+@njit(cache=True)
+def mamba2_scan(c, L, clk):
+    """Per token and head (threads split the heads): the selective scan on the head's state
+    row with ``dt + ssm_dt.bias``, ``ssm_a``, ``ssm_d``, then ``y *= silu(z)``."""
+    M = c.M
+    ds, nh, ng, inner = M.ssm_d_state, M.ssm_dt_rank, M.ssm_n_group, M.ssm_d_inner
+    hd = inner // nh
+    S = _state_rows(c, L, c.kv_swa.VC, c.kvi[8]).reshape(c.kvi[6], inner * ds)
+    dt0 = 2 * inner + 2 * ng * ds  # dt's column in Q
+    h0, h1 = split(nh, c.tid, c.nth)
+    for t in range(c.st.n_rows):
+        r, xr = c.kv_swa.cells[t], c.XN[t]
+        for h in range(h0, h1):
+            g = h // (nh // ng)
+            dt = c.Q[t, dt0 + h] + c.NF[L.ssm_dt_bias + h]
+            a, d, o = c.NF[L.ssm_a + h], c.NF[L.ssm_d + h], h * hd
+            boff = inner + g * ds
+            scan_head(
+                S[r, o * ds :], xr, o, hd, xr, boff, boff + ng * ds, ds, dt, a, d, c.ATT[t], o
+            )
+            mul_silu(c.Q, t, t + 1, o, o + hd, c.ATT)
+    return _sync(c, tick(c.prof, c.tid, P_ATTN, clk))
+
+
+@njit(cache=True)
+def mamba2_out(c, L, clk):
+    """``x += group_rms_norm(y) * ssm_norm . ssm_out`` (each of the ``ssm_n_group`` slices of
+    ``y`` normalized apart)."""
+    M = c.M
+    inner, tid = M.ssm_d_inner, c.tid
+    gs = inner // M.ssm_n_group
+    w = c.NF[L.ssm_norm : L.ssm_norm + inner]
+    if c.st.n_rows == 1:
+        c.XP[tid, :inner] = c.ATT[0, :inner]
+        for g in range(M.ssm_n_group):
+            head_rms_norm(c.XP, tid, g, g + 1, gs, w[g * gs :], M.eps)
+        prepare_acts(c.XP, tid, tid + 1, inner, L.need_out, c.AP)
+    else:
+        t0, t1 = _token_rows(c)
+        for t in range(t0, t1):
+            for g in range(M.ssm_n_group):
+                head_rms_norm(c.ATT, t, g, g + 1, gs, w[g * gs :], M.eps)
+        prepare_acts(c.ATT, t0, t1, inner, L.need_out, c.A)
+        clk = _sync(c, tick(c.prof, tid, P_NORM, clk))
+    return _proj_residual(c, L.ssm_out, NONE, P_OUT_PROJ, clk)
+
+
 @njit(cache=True)
 def head(c, clk):
-    """Logits of the output rows: ``rms_norm(x) * output_norm . output`` (soft-capped)."""
+    """Logits of the output rows: ``rms_norm(x) * output_norm . output`` (soft-capped;
+    times ``logit_scale``)."""
     M = c.M
     n_out, n_embd, tid = c.n_out, M.n_embd, c.tid
     if n_out == 0:
@@ -1160,6 +1281,10 @@ def head(c, clk):
         for i in range(n_out):
             for j in range(16 * g0, min(16 * g1, M.n_vocab)):
                 c.LOG[i, j] = np.tanh(c.LOG[i, j] * (np.float32(1.0) / M.softcap)) * M.softcap
+    if M.logit_scale != 1.0:  # (granite) likewise
+        for i in range(n_out):
+            for j in range(16 * g0, min(16 * g1, M.n_vocab)):
+                c.LOG[i, j] = c.LOG[i, j] * M.logit_scale
     return tick(c.prof, tid, P_HEAD, clk)
 
 

@@ -701,3 +701,166 @@ def _add_deepseek2_tensors(w, rng, t: GGMLType, s: dict) -> None:
         mat(p + "ffn_down_shexp.weight", e, fs)
     vec("output_norm.weight", norm())
     mat("output.weight", s["n_vocab"], e)
+
+
+# mamba2: every layer a Mamba-2 mixer (no attention, no FFN)
+MAMBA2_SHAPE = {
+    "n_embd": 128,
+    "n_layer": 3,
+    "n_vocab": 259,
+    "n_ctx": 256,
+    "d_inner": 256,  # 2 * n_embd
+    "head_dim": 64,  # ssm.time_step_rank = d_inner / head_dim heads
+    "n_group": 2,
+    "d_state": 64,  # a multiple of 64: ggml's vectorized scan covers the whole row
+    "d_conv": 4,
+}
+
+
+def write_tiny_mamba2(
+    path: str | os.PathLike[str], weight_type: GGMLType | int, seed: int = 0, **shape: int
+) -> None:
+    """Write a tiny random ``mamba2`` GGUF as llama.cpp's converter lays one out: 3 layers of
+    ``ssm_in`` (z | xBC | dt), an F32 ``ssm_conv1d`` of 4 taps with its bias, ``ssm_dt``
+    bias, ``ssm_a`` = -exp(A_log) and ``ssm_d`` as ``[1, heads]``, the grouped norm
+    ``ssm_norm`` as ``[d_inner / groups, groups]`` (2 groups of 2 heads of 64 channels, state
+    size 64), ``ssm_out``; ``attention.head_count`` and ``feed_forward_length`` 0."""
+    s = {**MAMBA2_SHAPE, **shape}
+    t = GGMLType(weight_type)
+    a, e, inner, ds, ng = "mamba2", s["n_embd"], s["d_inner"], s["d_state"], s["n_group"]
+    nh, ch = inner // s["head_dim"], inner + 2 * s["n_group"] * s["d_state"]
+    w = GGUFWriter(path)
+    w.add("general.architecture", a)
+    w.add("general.name", f"tiny-random-{t.name.lower()}")
+    for key, v in (("context_length", s["n_ctx"]), ("embedding_length", e),
+                   ("feed_forward_length", 0), ("attention.head_count", 0),
+                   ("block_count", s["n_layer"]), ("ssm.conv_kernel", s["d_conv"]),
+                   ("ssm.inner_size", inner), ("ssm.state_size", ds),
+                   ("ssm.time_step_rank", nh), ("ssm.group_count", ng)):  # fmt: skip
+        w.add(f"{a}.{key}", v, GGUFValueType.UINT32)
+    w.add(f"{a}.attention.layer_norm_rms_epsilon", 1e-5, GGUFValueType.FLOAT32)
+    _add_byte_vocab(w, s["n_vocab"])
+    rng = np.random.default_rng(seed)
+    mat, vec, norm = _writers(w, rng, t, e)
+    mat("token_embd.weight", s["n_vocab"], e)
+    for i in range(s["n_layer"]):
+        p = f"blk.{i}."
+        vec(p + "attn_norm.weight", norm())
+        mat(p + "ssm_in.weight", inner + ch + nh, e)
+        # conv taps of std 0.5, decays -exp(A_log) in [-2.7, -1], dt biases around 0
+        vec(p + "ssm_conv1d.weight", 10.0 * _normal(rng, ch * s["d_conv"]), (s["d_conv"], ch))
+        vec(p + "ssm_conv1d.bias", _normal(rng, ch))
+        vec(p + "ssm_dt.bias", 10.0 * _normal(rng, nh))
+        vec(p + "ssm_a", -np.exp(0.5 + 5.0 * _normal(rng, nh)), (1, nh))
+        vec(p + "ssm_d", 1.0 + 5.0 * _normal(rng, nh), (1, nh))
+        vec(p + "ssm_norm.weight", norm(inner), (inner // ng, ng))
+        mat(p + "ssm_out.weight", e, inner)
+    vec("output_norm.weight", norm())
+    mat("output.weight", s["n_vocab"], e)
+    w.write()
+
+
+# granitehybrid (Granite 4.0 H): Mamba-2 layers (head_count_kv 0) and attention layers
+GRANITEHYBRID_SHAPE = {
+    **{k: MAMBA2_SHAPE[k] for k in ("n_embd", "n_vocab", "n_ctx", "d_inner", "head_dim",
+                                    "d_state", "d_conv")},
+    "n_layer": 4,
+    "n_group": 1,
+    "n_head": 4,
+    "n_head_kv": 2,
+    "n_ff": 256,
+    "n_expert": 0,  # > 0: routed experts of FFN size n_ff (n_expert_used of them)
+    "n_expert_used": 2,
+    "n_ff_shexp": 0,  # > 0 (with experts): a shared expert of this FFN size
+    "rope": 0,  # 1: rope.scaling.finetuned true (Bamba): the attention layers rotate
+}  # fmt: skip
+GRANITEHYBRID_ATTENTION_LAYERS = (2,)  # the others are Mamba-2 layers
+# Granite 4.0 H's multipliers (embedding, residual, logits, attention)
+GRANITE_SCALES = (12.0, 0.22, 8.0, 0.0078125)
+
+
+def write_tiny_granitehybrid(
+    path: str | os.PathLike[str], weight_type: GGMLType | int, seed: int = 0, **shape: int
+) -> None:
+    """Write a tiny random ``granitehybrid`` GGUF: layers 0, 1 and 3 Mamba-2 mixers
+    (:func:`write_tiny_mamba2`'s tensors, one group), layer 2 attention (4 heads, 2 KV heads
+    of 32; ``attention.head_count_kv`` per layer, 0 for the Mamba-2 layers); Granite 4.0 H's
+    embedding, residual, logit and attention scales; a SwiGLU FFN in every layer, or with
+    ``n_expert`` routed experts of FFN size ``n_ff`` (2 used) and, with ``n_ff_shexp``, a
+    shared expert; no rope unless ``rope`` (``rope.scaling.finetuned``)."""
+    s = {**GRANITEHYBRID_SHAPE, **shape}
+    t = GGMLType(weight_type)
+    a, e, inner, ds, ng = "granitehybrid", s["n_embd"], s["d_inner"], s["d_state"], s["n_group"]
+    nh, ch = inner // s["head_dim"], inner + 2 * ng * ds
+    hd = e // s["n_head"]
+    w = GGUFWriter(path)
+    w.add("general.architecture", a)
+    w.add("general.name", f"tiny-random-{t.name.lower()}")
+    keys = [("context_length", s["n_ctx"]), ("embedding_length", e),
+            ("feed_forward_length", s["n_ff"]), ("attention.head_count", s["n_head"]),
+            ("block_count", s["n_layer"]), ("ssm.conv_kernel", s["d_conv"]),
+            ("ssm.inner_size", inner), ("ssm.state_size", ds),
+            ("ssm.time_step_rank", nh), ("ssm.group_count", ng)]  # fmt: skip
+    if s["n_expert"]:
+        keys += [("expert_count", s["n_expert"]), ("expert_used_count", s["n_expert_used"])]
+        if s["n_ff_shexp"]:
+            keys += [("expert_shared_feed_forward_length", s["n_ff_shexp"])]
+    for key, v in keys:
+        w.add(f"{a}.{key}", v, GGUFValueType.UINT32)
+    kv = [s["n_head_kv"] if i in GRANITEHYBRID_ATTENTION_LAYERS else 0 for i in range(s["n_layer"])]
+    w.add(f"{a}.attention.head_count_kv", np.array(kv, np.uint32))
+    for key, v in zip(("embedding_scale", "residual_scale", "logit_scale", "attention.scale"),
+                      GRANITE_SCALES, strict=True):  # fmt: skip
+        w.add(f"{a}.{key}", v, GGUFValueType.FLOAT32)
+    w.add(f"{a}.rope.scaling.finetuned", bool(s["rope"]))
+    w.add(f"{a}.rope.freq_base", 10000.0, GGUFValueType.FLOAT32)
+    w.add(f"{a}.attention.layer_norm_rms_epsilon", 1e-5, GGUFValueType.FLOAT32)
+    _add_byte_vocab(w, s["n_vocab"])
+    rng = np.random.default_rng(seed)
+    mat, vec, norm = _writers(w, rng, t, e)
+    mat("token_embd.weight", s["n_vocab"], e)
+    for i in range(s["n_layer"]):
+        p = f"blk.{i}."
+        vec(p + "attn_norm.weight", norm())
+        if i in GRANITEHYBRID_ATTENTION_LAYERS:
+            mat(p + "attn_q.weight", hd * s["n_head"], e)
+            mat(p + "attn_k.weight", hd * s["n_head_kv"], e)
+            mat(p + "attn_v.weight", hd * s["n_head_kv"], e)
+            mat(p + "attn_output.weight", e, hd * s["n_head"])
+        else:
+            mat(p + "ssm_in.weight", inner + ch + nh, e)
+            vec(p + "ssm_conv1d.weight", 10.0 * _normal(rng, ch * s["d_conv"]), (s["d_conv"], ch))
+            vec(p + "ssm_conv1d.bias", _normal(rng, ch))
+            vec(p + "ssm_dt.bias", 10.0 * _normal(rng, nh))
+            vec(p + "ssm_a", -np.exp(0.5 + 5.0 * _normal(rng, nh)), (1, nh))
+            vec(p + "ssm_d", 1.0 + 5.0 * _normal(rng, nh), (1, nh))
+            vec(p + "ssm_norm.weight", norm(inner), (inner // ng, ng))
+            mat(p + "ssm_out.weight", e, inner)
+        vec(p + "ffn_norm.weight", norm())
+        f = s["n_ff"]
+        if s["n_expert"]:
+            n = s["n_expert"]
+            mat(p + "ffn_gate_inp.weight", n, e)
+            mat(p + "ffn_gate_exps.weight", f, e, n)
+            mat(p + "ffn_up_exps.weight", f, e, n)
+            mat(p + "ffn_down_exps.weight", e, f, n)
+            if s["n_ff_shexp"]:
+                fs = s["n_ff_shexp"]
+                mat(p + "ffn_gate_shexp.weight", fs, e)
+                mat(p + "ffn_up_shexp.weight", fs, e)
+                mat(p + "ffn_down_shexp.weight", e, fs)
+        else:
+            mat(p + "ffn_gate.weight", f, e)
+            mat(p + "ffn_up.weight", f, e)
+            mat(p + "ffn_down.weight", e, f)
+    vec("output_norm.weight", norm())
+    mat("output.weight", s["n_vocab"], e)
+    w.write()
+
+
+# granitehybrid cases compared with llama.cpp (tests/test_granitehybrid.py): name -> options
+GRANITEHYBRID_CASES: dict[str, dict] = {
+    "granitehybrid": {},  # Granite 4.0 H dense: no rope
+    "granitehybrid_moe": {"n_expert": 4, "n_ff": 64, "n_ff_shexp": 96},  # H-Tiny's layout
+    "granitehybrid_rope": {"rope": 1},  # rope.scaling.finetuned (Bamba)
+}

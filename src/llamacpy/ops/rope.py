@@ -48,8 +48,10 @@ class RopeParams:
 
     def packed(self) -> np.ndarray:
         """float32 [8]: theta_scale, freq_scale, ext_factor, attn_factor, corr0, corr1,
-        n_rot, neox -- the form the kernels take."""
-        theta_scale = _F32(math.pow(float(_F32(self.freq_base)), -2.0 / self.n_rot))
+        n_rot, neox -- the form the kernels take (no rotated dimensions: a model without
+        attention, theta_scale 1)."""
+        exponent = -2.0 / self.n_rot if self.n_rot else 0.0
+        theta_scale = _F32(math.pow(float(_F32(self.freq_base)), exponent))
         c0, c1 = self.corr_dims() if self.n_ctx_orig > 0 else (0.0, 0.0)
         return np.array(
             [
