@@ -478,3 +478,24 @@ def test_deepseek2_missing_or_misshapen_tensor_is_named(model_dir: Path, edit, m
             check_model(mf.metadata, edited)
     finally:
         mf.close()
+
+
+def test_deepseek2_defaults_follow_llama_cpp(model_dir: Path) -> None:
+    """Without its router keys a deepseek2 file routes as V2's did in llama.cpp: softmax
+    (``expert_gating_func`` absent), weights not normalized nor scaled, no groups; the K.Q
+    scale is ``1 / sqrt(key_length_mla)`` without YaRN."""
+    from llamacpy.models import check_model
+    from llamacpy.models.weights import model_file
+
+    mf = model_file(tiny(model_dir, "deepseek2", GGMLType.F32))
+    try:
+        drop = ("expert_gating_func", "expert_weights_norm", "expert_weights_scale", "group")
+        md = {k: v for k, v in mf.metadata.items() if not any(d in k for d in drop)}
+        shapes = {t.name: t.shape for t in mf.tensors if "exp_probs_b" not in t.name}
+        x = check_model(md, shapes).extra
+    finally:
+        mf.close()
+    assert x["expert_gating_func"] == 1 and not x["expert_weights_norm"]
+    assert (x["expert_weights_scale"], x["n_expert_groups"]) == (0.0, 0)
+    m = load_model(tiny(model_dir, "deepseek2", GGMLType.F32))
+    assert m.attention_scales()[0] == float(np.float32(1.0) / np.sqrt(np.float32(64)))

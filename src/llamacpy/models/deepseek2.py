@@ -141,7 +141,10 @@ class Deepseek2Model(MoEDecoder):
         if x["attn_temp_scale"] != 0.0:
             raise ModelError(f"{a}.attention.temperature_scale: attention temperature scaling "
                              "is not supported")  # fmt: skip
-        gating = x["expert_gating_func"] or SOFTMAX  # (0: V2/V2.5 files, softmax)
+        gating = x["expert_gating_func"]
+        if gating == 0:  # no key: V2/V2.5 files (softmax), GLM-4.7 Lite's (sigmoid), as llama.cpp
+            glm_lite = hp.n_layer in (47, 48) and hp.n_vocab == 154880
+            gating = SIGMOID if glm_lite else SOFTMAX
         if gating not in (SOFTMAX, SIGMOID):
             raise ModelError(f"{a}.expert_gating_func is {gating}; supported: softmax "
                              f"({SOFTMAX}), sigmoid ({SIGMOID})")  # fmt: skip
