@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from llamacpy.models.delta_net_ref import conv1d_step, delta_rule_step
-from llamacpy.ops.delta_net import conv_tokens, delta_rule_tokens
+from llamacpy.ops.delta_net import delta_rule_tokens
+from llamacpy.ops.ssm import conv_bias_tokens
 
 _F32 = np.float32
 
@@ -23,7 +24,7 @@ def test_conv_tokens_equals_the_twin_token_by_token() -> None:
     for t, r in enumerate(rows):
         want[t] = conv1d_step(want_state[r], x[t], w)
     out = np.zeros((n, ch), _F32)
-    conv_tokens(x, n, rows, state, w, out, 0, ch)
+    conv_bias_tokens(x, 0, n, rows, state, w, np.zeros(0, _F32), out, 0, ch)
     np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6)
     np.testing.assert_array_equal(state, want_state)
     # in place and by channel ranges, as the threads of the compiled stage run it
@@ -32,7 +33,7 @@ def test_conv_tokens_equals_the_twin_token_by_token() -> None:
     for t, r in enumerate(rows):
         want[t] = conv1d_step(want_state[r], x[t], w)
     for c0, c1 in ((0, 16), (16, ch)):
-        conv_tokens(x, n, rows, state2, w, x, c0, c1)
+        conv_bias_tokens(x, 0, n, rows, state2, w, np.zeros(0, _F32), x, c0, c1)
     np.testing.assert_allclose(x, want, rtol=1e-6, atol=1e-6)
     np.testing.assert_array_equal(state2, want_state)
 

@@ -43,7 +43,7 @@ from ..ops.attention import (
     store_row,
     v_rotation,
 )
-from ..ops.delta_net import conv_tokens, delta_rule_head, l2_norm
+from ..ops.delta_net import delta_rule_head, l2_norm
 from ..ops.dequant import get_row_sel
 from ..ops.matmul import matmul_rows_sel, matmul_sel, prepare_acts
 from ..ops.moe import expert_weights, shared_gate, softmax_ggml, top_k
@@ -1094,7 +1094,7 @@ def delta_net_conv(c, L, clk):
     state = _state_rows(c, L, c.kv_swa.KC, c.kvi[7]).reshape(c.kvi[6], ch, taps - 1)
     w = c.NF[L.ssm_conv1d : L.ssm_conv1d + ch * taps].reshape(ch, taps)
     g0, g1 = split(ch // 16, c.tid, c.nth)
-    conv_tokens(c.Q, n, c.kv_swa.cells, state, w, c.Q, 16 * g0, 16 * g1)
+    conv_bias_tokens(c.Q, 0, n, c.kv_swa.cells, state, w, c.NF[:0], c.Q, 16 * g0, 16 * g1)
     silu(c.Q, 0, n, 16 * g0, 16 * g1, c.Q)
     one = np.float32(1.0)
     t0, t1 = _token_rows(c)
@@ -1164,7 +1164,7 @@ def shortconv_conv(c, L, clk):
     for t in range(n):
         for i in range(c0, c1):
             c.XN[t, i] = c.Q[t, i] * c.Q[t, 2 * e + i]
-    conv_tokens(c.XN, n, c.kv_swa.cells, state, w, c.XN, c0, c1)
+    conv_bias_tokens(c.XN, 0, n, c.kv_swa.cells, state, w, c.NF[:0], c.XN, c0, c1)
     for t in range(n):
         for i in range(c0, c1):
             c.ATT[t, i] = c.Q[t, e + i] * c.XN[t, i]

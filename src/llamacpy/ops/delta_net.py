@@ -4,8 +4,7 @@
 ``delta_rule_step``).
 
 Each token updates the state row of its sequence (``rows[t]``), so a ubatch may interleave
-sequences. ``conv_tokens`` runs the short causal convolution of the channels ``c0..c1``
-(taps summed in order, in float; the state row holds ``[channel, d_conv - 1]``);
+sequences. The short causal convolution is :func:`.ssm.conv_bias_tokens` (no bias);
 ``delta_rule_head`` one token of the gated delta rule on one value head's state ``[S_v,
 S_k]``; ``delta_rule_tokens`` every token and head of a ubatch (value head ``h`` reads key
 head ``h % H_k``, as ggml broadcasts).
@@ -19,26 +18,6 @@ from numba import njit
 from ..simd import vfma, vhsum, vload_f32, vsplat_f32, vstore_f32, vzero_f32
 
 _F32 = np.float32
-
-
-@njit(cache=True)
-def conv_tokens(x, n, rows, state, w, out, c0, c1):
-    """For tokens ``0..n`` and channels ``c0..c1``: ``out[t, c] = sum_i window[c, i] * w[c, i]`` over the window
-    of the state row ``state[rows[t], c, :]`` followed by ``x[t, c]``; the state row then
-    drops its oldest input and takes ``x[t, c]`` (``out`` may be ``x``)."""
-    taps = w.shape[1]
-    for t in range(n):
-        s = state[rows[t]]
-        for c in range(c0, c1):
-            xv = x[t, c]
-            acc = _F32(0.0)
-            for i in range(taps - 1):
-                acc += s[c, i] * w[c, i]
-            acc += xv * w[c, taps - 1]
-            for i in range(taps - 2):
-                s[c, i] = s[c, i + 1]
-            s[c, taps - 2] = xv
-            out[t, c] = acc
 
 
 @njit(cache=True, inline="always")

@@ -1,6 +1,7 @@
 """Kernels of the Mamba-2 layer, one token after another as ggml's CPU ops (``ssm_conv``,
 ``ssm_scan`` with a scalar decay per head) compute them; numpy twins in
-:mod:`llamacpy.models.mamba2_ref`.
+:mod:`llamacpy.models.mamba2_ref`. The convolution also serves qwen35's Gated DeltaNet
+and LFM2's short convolution (without a bias).
 
 Each token updates the state rows of its sequence (``rows[t]``), so a ubatch may interleave
 sequences. ``conv_bias_tokens`` runs the causal depthwise convolution of the channels
@@ -24,7 +25,7 @@ def conv_bias_tokens(x, xoff, n, rows, state, w, bias, out, c0, c1):
     """For tokens ``0..n`` and channels ``c0..c1``: ``out[t, c] = sum_i window[c, i] *
     w[c, i] + bias[c]`` over the window of the state row ``state[rows[t], c, :]`` followed
     by ``x[t, xoff + c]``; the state row then drops its oldest input and takes the new one.
-    An empty ``bias``: none added."""
+    An empty ``bias``: none added. ``out`` may be ``x`` (with ``xoff`` 0)."""
     has_bias = bias.shape[0] > 0
     taps = w.shape[1]
     for t in range(n):
