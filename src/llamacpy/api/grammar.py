@@ -108,19 +108,18 @@ def grammar_matcher(grammar: LlamaGrammar | str, tokenizer: Any) -> GrammarMatch
     key = (text, id(vocab))
     with _MATCHERS_LOCK:
         hit = _MATCHERS.get(key)
-        if hit is not None and hit[0] is vocab:
+        template = hit[1] if hit is not None and hit[0] is vocab else None
+        if template is not None:
             _MATCHERS.move_to_end(key)
-            m = hit[1].clone()
-            m.reset()
-            return m
-    parsed = parse_grammar(
-        text, tokenize=lambda s: tokenizer.encode(s, add_special=False, parse_special=True)
-    )
-    template = GrammarMatcher(parsed, vocab)
-    with _MATCHERS_LOCK:
-        _MATCHERS[key] = (vocab, template)
-        while len(_MATCHERS) > MATCHER_CACHE_SIZE:
-            _MATCHERS.popitem(last=False)
+    if template is None:
+        parsed = parse_grammar(
+            text, tokenize=lambda s: tokenizer.encode(s, add_special=False, parse_special=True)
+        )
+        template = GrammarMatcher(parsed, vocab)
+        with _MATCHERS_LOCK:
+            _MATCHERS[key] = (vocab, template)
+            while len(_MATCHERS) > MATCHER_CACHE_SIZE:
+                _MATCHERS.popitem(last=False)
     m = template.clone()
     m.reset()
     return m
