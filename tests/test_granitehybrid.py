@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import hashlib
 import re
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from llamacpy.engine import Context, ContextParams
+from hybrid_checks import assert_close, assert_engine_close, context, reference_context
 from llamacpy.engine.batch import Batch
 from llamacpy.errors import ModelError
 from llamacpy.gguf import GGMLType, GGUFReader, GGUFWriter
@@ -28,6 +29,8 @@ SEED = 3
 TOKENS = FIXES["granitehybrid"]["tokens"].tolist()
 PROMPT = FIXES["granitehybrid"]["prompt"].tolist()
 RTOL = {"F32": 5e-4, "Q8_0": 1e-5}  # of max |logit|
+_ctx, _reference = context, reference_context
+_close, _engine_close = partial(assert_close, RTOL), partial(assert_engine_close, RTOL)
 
 
 @pytest.fixture(
@@ -45,29 +48,9 @@ def gguf(request, tmp_path_factory):
     return name, path, fix
 
 
-def _ctx(path, **kw) -> Context:
-    return Context(path, ContextParams(**{"n_ctx": 64, "n_threads": 2, **kw}))
-
-
-def _close(name, got, want):
-    err = np.abs(got - want).max() / np.abs(want).max()
-    assert err < RTOL[name], f"{name}: max |diff| / max |logit| = {err:.2e}"
-    assert (got.argmax(-1) == want.argmax(-1)).all()
-
-
-def _engine_close(name, got, want):
-    if name == "Q8_0":  # measured: bit-identical to llama.cpp
-        np.testing.assert_array_equal(got, want)
-    else:
-        _close(name, got, want)
-
-
 def test_reference_prompt_logits_match_llama_cpp(gguf) -> None:
     name, path, fix = gguf
-    ctx = _ctx(path)
-    ref = Reference(ctx.model)
-    ctx.model.forward = lambda ws, ub, kv, n_threads, det=False: ref.forward(ub, kv, n_threads)
-    got = ctx.decode(Batch.from_tokens(TOKENS, logits="all"))
+    got = _reference(path).decode(Batch.from_tokens(TOKENS, logits="all"))
     _close(name, got, fix[f"{name}.logits"])
 
 

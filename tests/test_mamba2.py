@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import hashlib
 import re
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from llamacpy.engine import Context, ContextParams
+from hybrid_checks import assert_close, assert_engine_close, context, reference_context
 from llamacpy.engine.batch import Batch
 from llamacpy.errors import ModelError
 from llamacpy.gguf import GGMLType, GGUFReader, GGUFValueType, GGUFWriter
@@ -27,6 +28,8 @@ SEED = 3
 TOKENS, PROMPT = FIX["tokens"].tolist(), FIX["prompt"].tolist()
 # of max |logit| (measured: reference F32 1.4e-6, Q8_0 1.1e-7; engine F32 3.6e-6, Q8_0 0)
 RTOL = {"F32": 5e-5, "Q8_0": 1e-5}
+_ctx, _reference = context, reference_context
+_close, _engine_close = partial(assert_close, RTOL), partial(assert_engine_close, RTOL)
 
 
 @pytest.fixture(scope="module", params=["F32", "Q8_0"])
@@ -37,31 +40,6 @@ def gguf(request, tmp_path_factory):
     write_tiny_mamba2(path, t, seed=SEED)
     assert hashlib.sha256(path.read_bytes()).hexdigest() == str(FIX[f"{t.name}.sha256"])
     return t.name, path
-
-
-def _ctx(path, **kw) -> Context:
-    return Context(path, ContextParams(**{"n_ctx": 64, "n_threads": 2, **kw}))
-
-
-def _reference(path, **kw) -> Context:
-    """A context whose forward is the numpy specification, not the compiled one."""
-    ctx = _ctx(path, **kw)
-    ref = Reference(ctx.model)
-    ctx.model.forward = lambda ws, ub, kv, n_threads, det=False: ref.forward(ub, kv, n_threads)
-    return ctx
-
-
-def _close(name, got, want):
-    err = np.abs(got - want).max() / np.abs(want).max()
-    assert err < RTOL[name], f"{name}: max |diff| / max |logit| = {err:.2e}"
-    assert (got.argmax(-1) == want.argmax(-1)).all()
-
-
-def _engine_close(name, got, want):
-    if name == "Q8_0":  # measured: bit-identical to llama.cpp
-        np.testing.assert_array_equal(got, want)
-    else:
-        _close(name, got, want)
 
 
 # ----------------------------------------------------------------------------- specification

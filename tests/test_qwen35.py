@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import re
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from hybrid_checks import assert_close, assert_engine_close, context, reference_context
 from llamacpy.engine import Context, ContextParams
 from llamacpy.engine.batch import Batch
 from llamacpy.errors import ModelError
@@ -36,6 +38,8 @@ WRITERS = {"qwen35": write_tiny_qwen35, "qwen35moe": write_tiny_qwen35moe,
 SEED = 3
 TOKENS, PROMPT = FIX["tokens"].tolist(), FIX["prompt"].tolist()
 RTOL = {"F32": 5e-4, "Q8_0": 1e-5}  # of max |logit| (measured: 4.5e-5, 1.1e-7)
+_ctx, _reference = context, reference_context
+_close, _engine_close = partial(assert_close, RTOL), partial(assert_engine_close, RTOL)
 
 
 @pytest.fixture(scope="module", params=["F32", "Q8_0"])
@@ -45,21 +49,6 @@ def model(request, tmp_path_factory):
     write_tiny_qwen35(path, t, seed=SEED)
     assert hashlib.sha256(path.read_bytes()).hexdigest() == str(FIX[f"{t.name}.sha256"])
     return t.name, path
-
-
-def _reference(path, **kw) -> Context:
-    """A context whose forward is the numpy specification (``models/reference.py``'s stage
-    functions over the hybrid memory), not the compiled one."""
-    ctx = Context(path, ContextParams(**{"n_ctx": 64, "n_threads": 2, **kw}))
-    ref = Reference(ctx.model)
-    ctx.model.forward = lambda ws, ub, kv, n_threads, det=False: ref.forward(ub, kv, n_threads)
-    return ctx
-
-
-def _close(name, got, want):
-    err = np.abs(got - want).max() / np.abs(want).max()
-    assert err < RTOL[name], f"{name}: max |diff| / max |logit| = {err:.2e}"
-    assert (got.argmax(-1) == want.argmax(-1)).all()
 
 
 def test_prompt_logits_match_llama_cpp(model) -> None:
@@ -112,17 +101,6 @@ def gguf(request, tmp_path_factory):
     fix = FIXES[arch]
     assert hashlib.sha256(path.read_bytes()).hexdigest() == str(fix[f"{name}.sha256"])
     return name, path, fix
-
-
-def _ctx(path, **kw) -> Context:
-    return Context(path, ContextParams(**{"n_ctx": 64, "n_threads": 2, **kw}))
-
-
-def _engine_close(name, got, want):
-    if name == "Q8_0":  # measured: bit-identical to llama.cpp
-        np.testing.assert_array_equal(got, want)
-    else:
-        _close(name, got, want)
 
 
 @pytest.mark.parametrize(("n_ubatch", "n_threads"), [(512, 2), (7, 1), (1, 2), (3, 2)])
