@@ -129,3 +129,24 @@ def test_weight_estimate_covers_repacking_and_every_shard(tmp_path):
     for i, s in enumerate(shards):
         s.write_bytes(b"\0" * (100 * (i + 1)))
     assert _startup.weight_bytes_estimate(str(shards[0])) == 624  # (100+200+300) * 1.04
+
+
+def test_yaml_is_deferred_until_used():
+    """numba imports yaml at start-up; a stand-in defers the real module to its first use,
+    which then works as the module itself (safe_load, YAMLError)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, llamacpy, numba\n"
+        "assert 'yaml.reader' not in sys.modules, 'yaml ran at start-up'\n"
+        "import yaml\n"
+        "assert yaml.safe_load('a: [1, 2]') == {'a': [1, 2]}\n"
+        "try:\n"
+        "    yaml.safe_load('a: [1')\n"
+        "except yaml.YAMLError:\n"
+        "    print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"

@@ -46,6 +46,41 @@ def test_every_type_is_registered_once_and_found_by_id() -> None:
         traits.register(RECORDS[0])
 
 
+def test_each_kernel_module_registers_the_formats_it_declares() -> None:
+    """``KERNEL_MODULES`` (what a model's formats import) agrees with the records' homes,
+    and the supported types are the registered ones."""
+    for name, declared in traits.KERNEL_MODULES.items():
+        home = {tr.type for tr in RECORDS if tr.matmul.py_func.__module__.endswith(name)}
+        assert home == set(declared), name
+    assert set(traits.supported_types()) == {tr.type for tr in RECORDS}
+    assert traits.type_id(GGMLType.Q4_K) == traits.get(GGMLType.Q4_K).id
+
+
+def test_a_model_imports_only_its_formats_kernels(tmp_path) -> None:
+    """Loading and running an F32 + Q8_0 model imports neither the K-quant nor the grid
+    formats' kernels, nor their quants modules (their kernels are ~45 ms of a start)."""
+    import subprocess
+    import sys
+
+    from llamacpy.models.tiny import write_tiny_llama
+
+    path = tmp_path / "tiny.gguf"
+    write_tiny_llama(path, weight_type=GGMLType.Q8_0)
+    code = (
+        "import sys\n"
+        "from llamacpy.engine import Batch, Context, ContextParams\n"
+        f"ctx = Context({str(path)!r}, ContextParams(n_ctx=64))\n"
+        "ctx.decode(Batch.from_tokens([1, 2, 3]))\n"
+        "print(' '.join(sorted(x for x in sys.modules if 'qdot_k' in x or 'qdot_iq' in x\n"
+        "      or 'quants._iq' in x or 'quants.iq' in x)))\n"
+    )
+    # the first run may compile (compiling imports every format); the second loads
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == ""
+
+
 def test_an_unsupported_type_is_a_clear_error() -> None:
     with pytest.raises(ModelError, match=r"Q8_K.*'blk\.0\.ffn_up\.weight'.*supported: F32"):
         traits.get(GGMLType.Q8_K, tensor="blk.0.ffn_up.weight")

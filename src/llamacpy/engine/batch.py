@@ -118,6 +118,18 @@ class UBatch:
         return len(self.token)
 
 
+def distinct(a: np.ndarray) -> np.ndarray:
+    """The sorted distinct values of ``a`` (flattened): ``np.unique`` without its first
+    call's cost (numpy 2.4 imports ``numpy.ma`` and more on it: ~27 ms of a start)."""
+    s = np.sort(a, axis=None)
+    if len(s) < 2:
+        return s
+    keep = np.empty(len(s), np.bool_)
+    keep[0] = True
+    np.not_equal(s[1:], s[:-1], out=keep[1:])
+    return s[keep]
+
+
 def _fail(msg: str) -> None:
     raise BatchError(msg)
 
@@ -157,18 +169,18 @@ def check_batch(
             "create the context with a larger n_seq_max"
         )
     if sid.shape[1] == 1:
-        seqs = np.unique(sid[:, 0]) if n > 1 else sid[:, 0]
+        seqs = distinct(sid[:, 0]) if n > 1 else sid[:, 0]
         groups = [
             (int(s), np.nonzero(sid[:, 0] == s)[0] if n > 1 else np.zeros(1, int)) for s in seqs
         ]
     else:
         groups = []
-        for s in np.unique(sid[sid >= 0]):
+        for s in distinct(sid[sid >= 0]):
             rows = np.nonzero((sid == s).any(axis=1))[0]
             groups.append((int(s), rows))
         for i in range(n):
             ids = sid[i][sid[i] >= 0]
-            if len(np.unique(ids)) != len(ids):
+            if len(distinct(ids)) != len(ids):
                 _fail(f"token {i} lists a sequence id twice: {tuple(int(x) for x in ids)}")
     for s, rows in groups:
         p = pos[rows]

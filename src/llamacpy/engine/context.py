@@ -25,7 +25,7 @@ from ..models import load_model
 from ..models.common import UBatchArrays
 from ..ops.attention import KV_F16, KV_F32
 from ..ops.norm import rms_norm_numpy
-from .batch import Batch, UBatch, check_batch, split_batch
+from .batch import Batch, UBatch, check_batch, distinct, split_batch
 from .embeddings import pool, resolve_pooling
 from .iswa import ISWACache
 from .kv_cache import KVCache
@@ -163,7 +163,7 @@ class Context:
         sequence loses the positions the batch brought (they were all past its end). A
         recurrent state cannot give them back: such a sequence is forgotten whole."""
         seq, pos = batch.seq_id.reshape(-1), np.repeat(batch.pos, batch.seq_id.shape[1])
-        for s in np.unique(seq[seq >= 0]).tolist():
+        for s in distinct(seq[seq >= 0]).tolist():
             if not self.kv.seq_rm(s, int(pos[seq == s].min()), -1):
                 self.kv.seq_rm(s, -1, -1)
 

@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import LlamacpyError, UsageError
 from ..models.common import lazy_zeros
 from ..ops.attention import KV_F16, KV_F32, KV_Q8_0, kv_row_bytes, rope_shift_rows
-from .batch import UBatch
+from .batch import UBatch, distinct
 from .memory import Memory, Slots, state_fields
 
 CACHE_TYPES = {"f32": KV_F32, "f16": KV_F16, "q8_0": KV_Q8_0}
@@ -414,7 +414,7 @@ class KVCache(Memory):
         return the cell index of each token. Raises :class:`KVCacheFullError`."""
         n = len(ub)
         sid = ub.seq_id
-        seqs = [int(x) for x in (np.unique(sid[sid >= 0]) if n > 1 or sid.shape[1] > 1 else sid[0])]
+        seqs = [int(x) for x in (distinct(sid[sid >= 0]) if n > 1 or sid.shape[1] > 1 else sid[0])]
         prev = {s: self.seq_pos_max(s) for s in seqs}
         h = self.head
         if h > 2 * n and h > self.n_used + 2 * n:  # llama.cpp: enough free cells before the head
@@ -487,7 +487,7 @@ class KVCache(Memory):
         the token's (llama.cpp's standard SWA: masked when ``p_token - p_cell >= n_swa``)."""
         pos = self.pos[:n_kv]
         prim = ub.primary_seq
-        seqs = prim[:1] if len(ub) == 1 or (prim == prim[0]).all() else np.unique(prim)
+        seqs = prim[:1] if len(ub) == 1 or (prim == prim[0]).all() else distinct(prim)
         out = np.zeros((len(ub), n_kv), np.uint8)
         for s in seqs:
             w, b = divmod(int(s), 64)

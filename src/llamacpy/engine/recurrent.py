@@ -37,7 +37,7 @@ import numpy as np
 
 from ..errors import UsageError
 from ..models.common import lazy_zeros
-from .batch import UBatch
+from .batch import UBatch, distinct
 from .kv_cache import KVCache
 from .memory import Memory, PairedMemory, Slots, state_fields
 
@@ -176,7 +176,7 @@ class RecurrentMemory(Memory):
                 "several sequences (decode it for one and seq_cp the state)"
             )
         rows = np.ascontiguousarray(sid[:, 0], np.int32)
-        for s in np.unique(rows).tolist():
+        for s in distinct(rows).tolist():
             self._check_seq(s)
             if self.pos[s] < 0:
                 self.conv[:, s] = 0

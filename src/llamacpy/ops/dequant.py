@@ -16,7 +16,7 @@ from numba.core.errors import TypingError
 from numba.extending import overload
 
 from ..gguf.constants import GGMLType
-from . import qdot_float, qdot_iq, qdot_k, qdot_legacy, traits  # noqa: F401 (register the formats' records)
+from . import traits
 from .formats import unpack_fields
 
 

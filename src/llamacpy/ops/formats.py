@@ -33,13 +33,15 @@ produce the same bytes;
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numba
 import numpy as np
 from numba import njit, prange
 
+from .._lazy import lazy_module
 from ..errors import ModelError
 from ..gguf.constants import GGMLType
-from ..quants import _iqcodes
 from ..simd import load_u32, store_u32
 from . import traits
 from .traits import (
@@ -58,6 +60,11 @@ from .traits import (
     Layout,
     T,
 )
+
+if TYPE_CHECKING:  # (the kernel cache's stamp reads this line: a dependency of the kernels)
+    from ..quants import _iqcodes
+else:  # the grid formats' decoders: imported when a kernel using them compiles or runs
+    _iqcodes = lazy_module("llamacpy.quants._iqcodes")
 
 
 def layout(t, tensor: str | None = None) -> Layout:

@@ -32,7 +32,7 @@ from numba.extending import (
 )
 
 from ..gguf.constants import GGMLType
-from . import qdot_float, qdot_iq, qdot_k, qdot_legacy, traits  # noqa: F401 (register the formats' records)
+from . import traits
 from .dequant import dequantize_repacked_numpy
 from .formats import unpack_fields
 from .quantize_act import (
@@ -102,7 +102,7 @@ class FormatSet:
     def __init__(self, types_, invariant: bool = False) -> None:
         mask = 0
         for t in types_:
-            mask |= 1 << traits.get(t).id  # a clear error for an unsupported type
+            mask |= 1 << traits.type_id(t)  # a clear error for an unsupported type
         self.mask = mask
         self.invariant = bool(invariant)
 

@@ -20,8 +20,11 @@ The role of ggml's ``type_traits`` / ``type_traits_cpu``. A :class:`FormatTraits
 Matmul dispatch (:mod:`.matmul`), row decoding (:mod:`.dequant`), repacking
 (:mod:`.formats`) and the loaders read the record; no other engine code names a type id or a
 block size. A format's record sits next to its kernels (:mod:`.qdot_float`,
-:mod:`.qdot_legacy`, :mod:`.qdot_k`), which :func:`register` it at import. Adding a format =
-its ``quants/`` module + its kernels + its record (and its module in :data:`KERNEL_MODULES`).
+:mod:`.qdot_legacy`, :mod:`.qdot_k`, :mod:`.qdot_iq`), which :func:`register` it at import.
+:data:`KERNEL_MODULES` says which module holds which formats, so a model imports only the
+kernel modules of its own formats (the IQ and K-quant kernels are ~45 ms of a start that
+needs neither). Adding a format = its ``quants/`` module + its kernels + its record (and its
+name under its module in :data:`KERNEL_MODULES`).
 """
 
 from __future__ import annotations
@@ -51,8 +54,23 @@ ACT_F32 = 2  # float32 as is
 ACT_F16 = 3  # float32 rounded to f16 precision (ggml converts activations to f16)
 ACT_BF16 = 4  # float32 rounded to bf16 precision
 
-# modules that define format kernels and register their records
-KERNEL_MODULES = ("qdot_float", "qdot_legacy", "qdot_k", "qdot_iq")
+# the modules that define format kernels, and the formats whose records each registers
+KERNEL_MODULES: dict[str, tuple[GGMLType, ...]] = {
+    "qdot_float": (GGMLType.F32, GGMLType.F16, GGMLType.BF16),
+    "qdot_legacy": (
+        GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
+        GGMLType.IQ4_NL, GGMLType.MXFP4,
+    ),
+    "qdot_k": (
+        GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
+        GGMLType.IQ4_XS,
+    ),
+    "qdot_iq": (
+        GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ3_XXS, GGMLType.IQ1_S, GGMLType.IQ3_S,
+        GGMLType.IQ2_S, GGMLType.IQ1_M, GGMLType.TQ1_0, GGMLType.TQ2_0,
+    ),
+}  # fmt: skip
+_HOME = {t: name for name, ts in KERNEL_MODULES.items() for t in ts}
 
 
 def _field_bytes(kind: int, n: int) -> int:
@@ -152,32 +170,44 @@ def register(tr: FormatTraits) -> FormatTraits:
     return tr
 
 
-def _load() -> None:
-    for name in KERNEL_MODULES:
+def _load(names=KERNEL_MODULES) -> None:
+    for name in names:
         importlib.import_module(f"{__package__}.{name}")
 
 
 def all_traits() -> tuple[FormatTraits, ...]:
-    """Every registered format, by type id."""
+    """Every registered format, by type id (imports every kernel module)."""
     _load()
     return tuple(sorted(_TABLE.values(), key=lambda tr: tr.id))
 
 
 def supported_types() -> tuple[GGMLType, ...]:
-    """The weight types the engine runs."""
-    return tuple(tr.type for tr in all_traits())
+    """The weight types the engine runs (no kernel module imported)."""
+    return tuple(sorted(_HOME, key=int))
+
+
+def type_id(t: GGMLType | int, tensor: str | None = None) -> int:
+    """The type id of ``t`` (what compiled code compares a descriptor's type with) without
+    importing its kernels; a :class:`ModelError` naming the type (and tensor) if the engine
+    has no kernels for it."""
+    try:
+        t = GGMLType(t)
+        if t in _HOME:
+            return int(t)
+    except ValueError:
+        pass
+    where = f" (tensor {tensor!r})" if tensor else ""
+    names = ", ".join(x.name for x in supported_types())
+    name = GGMLType(t).name if t in GGMLType._value2member_map_ else str(t)
+    raise ModelError(
+        f"weight type {name} is not supported by the matmul kernels{where}; supported: {names}"
+    )
 
 
 def get(t: GGMLType | int, tensor: str | None = None) -> FormatTraits:
-    """The record of ``t``; a :class:`ModelError` naming the type (and tensor) if the engine
-    has no kernels for it."""
-    _load()
-    try:
-        return _TABLE[GGMLType(t)]
-    except (KeyError, ValueError):
-        where = f" (tensor {tensor!r})" if tensor else ""
-        names = ", ".join(x.name for x in supported_types())
-        name = GGMLType(t).name if t in GGMLType._value2member_map_ else str(t)
-        raise ModelError(
-            f"weight type {name} is not supported by the matmul kernels{where}; supported: {names}"
-        ) from None
+    """The record of ``t`` (its kernel module imported on first use); a :class:`ModelError`
+    naming the type (and tensor) if the engine has no kernels for it."""
+    t = GGMLType(type_id(t, tensor))
+    if t not in _TABLE:
+        _load((_HOME[t],))
+    return _TABLE[t]
