@@ -335,16 +335,17 @@ _ENV_STUBS: dict[str, tuple[str, dict]] = {}  # env name -> (module, stand-in gl
 
 
 def _rebuild_env(modname, consts, env_name):
-    """numba's rebuild of a cached function's environment, without importing a numba module
-    not imported yet. A kernel's pickled environments name the numba modules whose helpers
-    it inlined (array allocation, sorting, lists); numba imports each to take its globals:
-    ~27 ms of module imports for ``llamacpy run``'s kernels. Compiled nopython code reads
+    """numba's rebuild of a cached function's environment, without importing a numba or
+    llamacpy module not imported yet. A kernel's pickled environments name the modules whose
+    helpers it inlined (numba's array allocation, sorting, lists; a format's block code that
+    a model may not use); numba imports each to take its globals: ~27 ms of numba module
+    imports for ``llamacpy run``'s kernels. Compiled nopython code reads
     only an environment's constants, never its globals (those serve object mode and the
     next compilation), so while our kernels load such an environment gets a stand-in
     globals dict, filled from the module if a compilation later asks for it."""
     if (
         getattr(_LOADING, "on", False)
-        and modname.startswith("numba.")
+        and modname.startswith(("numba.", "llamacpy."))
         and (modname not in sys.modules)
     ):
         env = environment.lookup_environment(env_name)

@@ -62,7 +62,9 @@ from .tool_calls import (
     plan_chat,
 )
 
-_CACHE_TYPES = {0: "f32", 1: "f16", 8: "q8_0"}  # ggml type ids llama-cpp-python passes
+# ggml type ids llama-cpp-python passes (GGML_TYPE_*)
+_CACHE_TYPES = {0: "f32", 1: "f16", 2: "q4_0", 3: "q4_1", 6: "q5_0", 7: "q5_1", 8: "q8_0",
+                20: "iq4_nl", 30: "bf16"}  # fmt: skip
 _ROPE_SCALING = {-1: None, 0: "none", 1: "linear", 2: "yarn", 3: "longrope"}
 # constructor arguments that only matter for GPUs, LoRA-free CPU runs or llama.cpp internals
 _IGNORED = {"n_gpu_layers", "split_mode", "main_gpu", "tensor_split", "offload_kqv",

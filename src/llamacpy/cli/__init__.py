@@ -57,6 +57,9 @@ _COMPAT = (
     (("-dev", "--device"), "DEV", "devices to use"),
 )
 
+# (the names of engine.kv_cache.CACHE_TYPES, without importing the engine for the help)
+CACHE_HELP = "KV cache type of %s: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1"
+
 
 def positive_int(text: str) -> int:
     """argparse type: an integer of at least 1."""
@@ -123,8 +126,8 @@ def add_context_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-t", "--threads", type=int, default=0, help="threads (default: cores)")
     p.add_argument("-tb", "--threads-batch", type=int, default=0,
                    help="threads for prompt processing (default: same as --threads)")  # fmt: skip
-    p.add_argument("-ctk", "--cache-type-k", default="f16", help="KV cache type of K")
-    p.add_argument("-ctv", "--cache-type-v", default="f16", help="KV cache type of V")
+    p.add_argument("-ctk", "--cache-type-k", default="f16", help=CACHE_HELP % "K")
+    p.add_argument("-ctv", "--cache-type-v", default="f16", help=CACHE_HELP % "V")
     add_memory_args(p)
 
 

@@ -70,6 +70,8 @@ def _perplexity(args: argparse.Namespace) -> int:
         return _kl_divergence(model, base, n_batch, n_seq_kld, output_begins)
     ctx = model.ctx
     err, out = sys.stderr, sys.stdout
+    for line in ctx.kv.describe():
+        print(line, file=err)
 
     first_pass = _first_pass("perplexity: calculating perplexity", n_ctx, ctx.n_batch,
                              output_begins)  # fmt: skip

@@ -20,11 +20,14 @@ import numpy as np
 
 from ..errors import LlamacpyError, UsageError
 from ..models.common import lazy_zeros
+from ..ops import kv_rows
 from ..ops.attention import KV_F16, KV_F32, KV_Q8_0, kv_row_bytes, rope_shift_rows
 from .batch import UBatch, distinct
 from .memory import Memory, Slots, state_fields
 
-CACHE_TYPES = {"f32": KV_F32, "f16": KV_F16, "q8_0": KV_Q8_0}
+# llama.cpp's cache types (common/arg.cpp ``kv_cache_types``)
+CACHE_TYPES = {"f32": KV_F32, "f16": KV_F16, "bf16": kv_rows.KV_BF16, "q8_0": KV_Q8_0}
+CACHE_TYPES |= {k: v for k, v in kv_rows.TYPES.items() if k not in CACHE_TYPES}
 N_KV_PAD = 256  # ggml pads the attended range to a multiple of 256 cells
 
 
@@ -65,17 +68,18 @@ class KVCache(Memory):
         starts (what a K-shift rotates)."""
         self.type_k, self.type_v = cache_type(type_k), cache_type(type_v)
         if v_is_k:
-            if self.type_k == KV_Q8_0:
+            if self.type_k not in (KV_F16, KV_F32):
                 raise UsageError(
                     "this model's cache rows are latent vectors read as keys and values; "
-                    "a q8_0 K cache is not supported for them (use f16 or f32)"
+                    f"a {type_k} K cache is not supported for them (use f16 or f32)"
                 )
             self.type_v = self.type_k
         self.v_is_k, self.rope_offset = v_is_k, rope_offset
         for t in (self.type_k, self.type_v):
-            if t == KV_Q8_0 and head_dim % 32:
+            if t not in (KV_F16, KV_F32, kv_rows.KV_BF16) and head_dim % 32:
+                name = next(k for k, v in CACHE_TYPES.items() if v == t)
                 raise UsageError(
-                    f"a Q8_0 KV cache needs a head size multiple of 32, not {head_dim}"
+                    f"a {name} KV cache needs a head size multiple of 32, not {head_dim}"
                 )
         self.n_ctx, self.n_seq_max, self.head_dim = n_ctx, n_seq_max, head_dim
         self.n_swa = n_swa
@@ -119,6 +123,18 @@ class KVCache(Memory):
     @property
     def nbytes(self) -> int:
         return self.k.nbytes + (0 if self.v_is_k else self.v.nbytes)
+
+    def describe(self) -> list[str]:
+        """llama.cpp's ``llama_kv_cache`` line: the size of K and V and their types."""
+        names = {v: k for k, v in CACHE_TYPES.items()}
+        mib = 1024.0 * 1024.0
+        k, v = self.k.nbytes, (0 if self.v_is_k else self.v.nbytes)
+        return [
+            f"llama_kv_cache: size = {(k + v) / mib:7.2f} MiB ({self.n_ctx:6d} cells, "
+            f"{self.k.shape[0]:3d} layers, {1:2d}/{self.n_seq_max} seqs), "
+            f"K ({names[self.type_k]}): {k / mib:7.2f} MiB, "
+            f"V ({names[self.type_v]}): {v / mib:7.2f} MiB"
+        ]
 
     def _has(self, seq_id: int) -> np.ndarray:
         w, b = divmod(seq_id, 64)

@@ -188,6 +188,10 @@ class Memory(ABC):
     def nbytes(self) -> int:
         """Bytes of storage."""
 
+    def describe(self) -> list[str]:
+        """Lines on the storage, as llama.cpp logs its caches when it creates them."""
+        return []
+
     @property
     @abstractmethod
     def n_used(self) -> int:
@@ -265,6 +269,9 @@ class PairedMemory(Memory):
     @property
     def nbytes(self) -> int:
         return sum(m.nbytes for m in self._both())
+
+    def describe(self) -> list[str]:
+        return [line for m in self._both() for line in m.describe()]
 
     @property
     def n_used(self) -> int:

@@ -520,7 +520,7 @@ class Workspace:
             z((nt, max(2, hp.n_rot)), np.float32),  # rope cache
             z((nt, d), np.float32),  # query in the K dot type
             z((nt, d), np.int32),  # query quantized (q8_0 K cache)
-            z((nt, d), np.float32),  # V row
+            z((nt, max(d, 48)), np.float32),  # V row (and the K dot's scratch, kv_rows)
             z((nt, d), np.float32),  # accumulator
             z((nt, d, tile), np.float32),  # K tile (transposed)
             z((nt, tile, d), np.float32),  # V tile

@@ -1,7 +1,8 @@
 """Attention over the KV cache with ggml's flash-attention numerics (CPU backend).
 
 Cache rows are one cell's head vector: ``kc[head_kv, cell, :]`` bytes in the cache type
-(``KV_F16``, ``KV_F32`` or ``KV_Q8_0``). ``mask[t, cell]`` is 1 where token ``t`` may attend
+(``KV_F16``, ``KV_F32``, ``KV_Q8_0``, or a format of :mod:`.kv_rows`: q4_0, q4_1, q5_0, q5_1,
+iq4_nl, bf16). ``mask[t, cell]`` is 1 where token ``t`` may attend
 ``cell`` (same sequence, not in the future). Three regimes, as in ``ggml_compute_forward_
 flash_attn_ext_f16``:
 
@@ -52,6 +53,7 @@ from ..simd import (
     vstore_f32,
     vzero_f32,
 )
+from . import kv_rows
 from .activations import vexp_ggml
 from .rope import rope_apply, rope_cache
 from .threads import split
@@ -67,7 +69,15 @@ def kv_row_bytes(kv_type: int, head_dim: int) -> int:
         return 4 * head_dim
     if kv_type == KV_F16:
         return 2 * head_dim
-    return head_dim // 32 * 34
+    if kv_type == KV_Q8_0:
+        return head_dim // 32 * 34
+    return kv_rows.row_bytes(kv_type, head_dim)
+
+
+@njit(cache=True, inline="always")
+def quantized(kv_type):
+    """A cache type in blocks with scales (not f32, f16 or bf16): its heads are rotated."""
+    return kv_type != KV_F32 and kv_type != KV_F16 and kv_type != kv_rows.KV_BF16
 
 
 # ----------------------------------------------------------------------------- rotation
@@ -76,7 +86,7 @@ def k_rotation(kv_type, hd):
     """Elements of the Hadamard rotation of q and k for a K cache of ``kv_type`` (0: none):
     a quantized cache of heads that are a multiple of 64, the largest power of two from 64
     that divides the head."""
-    if kv_type != KV_Q8_0 or hd % 64 != 0:
+    if not quantized(kv_type) or hd % 64 != 0:
         return 0
     n = 64
     while hd % (2 * n) == 0:
@@ -89,7 +99,7 @@ def v_rotation(kv_type, hd):
     """Elements of the Hadamard rotation of v (and back of the attention output) for a V
     cache of ``kv_type`` (0: none): 64 for a quantized cache of heads that are a multiple
     of 64."""
-    return 64 if kv_type == KV_Q8_0 and hd % 64 == 0 else 0
+    return 64 if quantized(kv_type) and hd % 64 == 0 else 0
 
 
 @njit(cache=True)
@@ -122,6 +132,8 @@ def store_row(x, xo, hd, kv_type, cache, co):
     elif kv_type == KV_F16:
         for i in range(0, hd, 16):
             vstore_f16(cache, co + 2 * i, vload_f32(x, xo + i))
+    elif kv_type != KV_Q8_0:
+        kv_rows.store(x, xo, hd, kv_type, cache, co)
     else:
         for b in range(hd // 32):
             amax = _F32(0.0)
@@ -144,6 +156,8 @@ def load_row(cache, co, hd, kv_type, out):
     elif kv_type == KV_F16:
         for i in range(0, hd, 16):
             vstore_f32(out, i, vload_f16(cache, co + 2 * i))
+    elif kv_type != KV_Q8_0:
+        kv_rows.load(cache, co, hd, kv_type, out)
     else:
         for b in range(hd // 32):
             d = load_f16(cache, co + 34 * b)
@@ -229,9 +243,11 @@ def _dot_q8(qv, qq, kc, ko, hd):
 
 @njit(cache=True)
 def prepare_query(q, qo, hd, k_type, qv, qq):
-    """Convert a query row to the K dot type: f16-rounded (f16 K, and f32 K read as f16)
-    or q8_0."""
-    if k_type != KV_Q8_0:  # f16, or f32 read as f16
+    """Convert a query row to the K dot type: f16-rounded (f16 K, and f32 K read as f16),
+    q8_0, or that of a :mod:`.kv_rows` format."""
+    if k_type != KV_Q8_0 and k_type != KV_F16 and k_type != KV_F32:
+        kv_rows.prepare_query(q, qo, hd, k_type, qv, qq)
+    elif k_type != KV_Q8_0:  # f16, or f32 read as f16
         for i in range(0, hd, 16):
             vstore_f32(qv, i, vround_f16(vload_f32(q, qo + i)))
     else:
@@ -271,8 +287,10 @@ def attend_row(
             s = _dot_f16(qv, kc, kco, hd)
         elif k_type == KV_F32:
             s = _dot_f32(qv, kc, kco, hd)
-        else:
+        elif k_type == KV_Q8_0:
             s = _dot_q8(qv, qq, kc, kco, hd)
+        else:  # (vbuf: scratch until V is read)
+            s = kv_rows.dot(qv, qq, kc, kco, hd, k_type, vbuf)
         s = s * scale
         if softcap != 0:
             s = softcap * np.tanh(s)
@@ -284,7 +302,7 @@ def attend_row(
             m = s
             for i in range(0, hd, 16):
                 r = vload_f32(res, i) * vsplat_f32(ms)
-                if v_type != KV_Q8_0:  # an f16 accumulator
+                if v_type in (KV_F16, KV_F32):  # an f16 accumulator
                     r = vround_f16(r)
                 vstore_f32(res, i, r)
         else:
