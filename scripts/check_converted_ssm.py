@@ -1,21 +1,26 @@
 #!/usr/bin/env python
-"""Check mamba2 and granitehybrid on files laid out as real ones are (dev-only): tiny random
-transformers models (``Mamba2ForCausalLM``; ``GraniteMoeHybridForCausalLM`` dense, and with
-4 experts and a shared expert) converted by llama.cpp's ``convert_hf_to_gguf.py`` (F32) and
+"""Check mamba2, granitehybrid and qwen3next on files laid out as real ones are (dev-only):
+tiny random transformers models (``Mamba2ForCausalLM``; ``GraniteMoeHybridForCausalLM``
+dense, and with 4 experts and a shared expert; ``Qwen3NextForCausalLM``: 3 Gated DeltaNet
+layers of 2 key / 4 value heads and a gated attention layer, 4 experts and a shared expert)
+converted by llama.cpp's ``convert_hf_to_gguf.py`` (F32; qwen3next ``--no-mtp``) and
 ``llama-quantize`` (Q8_0), then our logits against llama.cpp's on the same files.
 
 Run from the repository root with the project's venv::
 
-    .venv/bin/python scripts/check_converted_ssm.py [--hf-py /tmp/hfenv/bin/python]
+    .venv/bin/python scripts/check_converted_ssm.py [--hf-py /tmp/hfenv/bin/python] [--models qwen3next ...]
 
 ``--hf-py``: an interpreter with transformers and torch (CPU). Prints max |diff| per file,
 thread count and ubatch size (measured: Q8_0 0 everywhere; F32 2.9e-6 of max |logit| 2.35 for
-mamba2, 6.3e-7 of 0.25 for granitehybrid, 3.2e-7 of 0.26 with experts).
+mamba2, 6.3e-7 of 0.25 for granitehybrid, 3.2e-7 of 0.26 with experts, 3.5e-4 of 3.16 for
+qwen3next).
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
+import json
 import os
 import subprocess
 import sys
@@ -33,11 +38,12 @@ from llamacpy.engine.batch import Batch  # noqa: E402
 from make_arch_fixtures import ORACLE_LOGITS, ORACLE_PY, TOKENS, oracle  # noqa: E402
 
 LLAMA_CPP = Path("/root/oracle/llama_cpp_python-0.3.36/vendor/llama.cpp")
+MODELS = ["mamba2", "granite", "granite_moe", "qwen3next"]
 
 _MAKE = """
 import json, sys, torch
 from transformers import (GraniteMoeHybridConfig, GraniteMoeHybridForCausalLM, Mamba2Config,
-                          Mamba2ForCausalLM)
+                          Mamba2ForCausalLM, Qwen3NextConfig, Qwen3NextForCausalLM)
 out = sys.argv[1]
 def init(m):
     with torch.no_grad():
@@ -69,7 +75,32 @@ for name, moe in (("granite", 0), ("granite_moe", 4)):
     cfg = json.load(open(p))
     cfg["layer_types"] = ["mamba", "mamba", "attention", "mamba"]
     json.dump(cfg, open(p, "w"))
+torch.manual_seed(2)
+m = Qwen3NextForCausalLM(Qwen3NextConfig(vocab_size=151936, hidden_size=128,
+    intermediate_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+    head_dim=64, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+    "partial_rotary_factor": 0.25}, linear_conv_kernel_dim=4, linear_key_head_dim=32,
+    linear_value_head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
+    moe_intermediate_size=64, shared_expert_intermediate_size=96, num_experts_per_tok=2,
+    num_experts=4, full_attention_interval=4, tie_word_embeddings=False))
+init(m)
+with torch.no_grad():  # (zero-centred norms: the converter adds 1)
+    for n, p in m.named_parameters():
+        if "norm" in n and "linear_attn" not in n: p.sub_(1)
+        elif p.dim() >= 2: p.copy_(0.05 * torch.randn_like(p))
+m.save_pretrained(f"{out}/qwen3next")
 """
+
+
+def qwen2_tokenizer(out: Path) -> None:
+    """Qwen2's tokenizer (151936 tokens; the converter needs a known pre-tokenizer) from
+    the converter tests' qwen2 checkpoint spec."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from convert_checkpoints import write_tokenizer
+    from llama_cpp_testdata import ensure_testdata
+
+    with gzip.open(ROOT / "tests" / "fixtures" / "convert" / "qwen2.json.gz", "rt") as f:
+        write_tokenizer(out, json.load(f)["spec"], ensure_testdata())
 
 
 def convert(hf_py: str, tmp: Path, name: str) -> list[Path]:
@@ -77,6 +108,7 @@ def convert(hf_py: str, tmp: Path, name: str) -> list[Path]:
     f32, q8 = tmp / f"{name}-f32.gguf", tmp / f"{name}-q8_0.gguf"
     env = dict(os.environ, PYTHONPATH=str(LLAMA_CPP / "gguf-py"))
     conv = [hf_py, str(LLAMA_CPP / "convert_hf_to_gguf.py"), str(tmp / name), "--outtype", "f32"]
+    conv += ["--no-mtp"] if name == "qwen3next" else []  # (its checkpoint has no MTP block)
     subprocess.run([*conv, "--outfile", str(f32)], check=True, env=env, capture_output=True)
     quantize = LLAMA_CPP / "build" / "bin" / "llama-quantize"
     subprocess.run([str(quantize), str(f32), str(q8), "Q8_0"], check=True, capture_output=True)
@@ -87,11 +119,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hf-py", default="/tmp/hfenv/bin/python")
     ap.add_argument("--oracle-py", default=ORACLE_PY)
+    ap.add_argument("--models", nargs="+", choices=MODELS, default=MODELS)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         subprocess.run([args.hf_py, "-c", _MAKE, str(tmp)], check=True, capture_output=True)
-        for name in ("mamba2", "granite", "granite_moe"):
+        qwen2_tokenizer(tmp / "qwen3next")
+        for name in args.models:
             for path in convert(args.hf_py, tmp, name):
                 code = ORACLE_LOGITS.format(path=str(path), n_ctx=64, tokens=TOKENS, n=len(TOKENS))
                 code += "print(json.dumps({'logits': logits}))"

@@ -1,14 +1,17 @@
 #!/usr/bin/env python
 """Produce the fixtures of the hybrid and recurrent architectures' tests (qwen35, qwen35moe,
-lfm2, lfm2moe, mamba2, granitehybrid and its variants) with llama.cpp (the oracle; dev-only).
+qwen3next and its older ssm_in layout, lfm2, lfm2moe, mamba2, granitehybrid and its
+variants) with llama.cpp (the oracle; dev-only).
 
 Run from the repository root with the project's venv::
 
-    .venv/bin/python scripts/make_qwen35_fixtures.py [--arch qwen35moe|lfm2|lfm2moe|mamba2|granitehybrid|...] [--oracle-py PY]
+    .venv/bin/python scripts/make_qwen35_fixtures.py [--arch qwen35moe|qwen3next|qwen3next_ssm_in|lfm2|...] [--oracle-py PY]
 
 Writes ``tests/fixtures/engine/{arch}_logits.npz``: for the tiny random ``qwen35`` of
 ``llamacpy.models.tiny.write_tiny_qwen35`` (``qwen35moe``: ``write_tiny_qwen35moe``, ``lfm2``:
-``write_tiny_lfm2``, ``lfm2moe``: ``write_tiny_lfm2moe``, ``mamba2``: ``write_tiny_mamba2``, ``granitehybrid*``: ``write_tiny_granitehybrid`` with
+``write_tiny_lfm2``, ``lfm2moe``: ``write_tiny_lfm2moe``, ``mamba2``: ``write_tiny_mamba2``,
+``qwen3next``: ``write_tiny_qwen3next``, ``qwen3next_ssm_in``: the same with ``ssm_in=True``,
+``granitehybrid*``: ``write_tiny_granitehybrid`` with
 ``tiny.GRANITEHYBRID_CASES``' options; seed 3,
 F32 and Q8_0 weights, rebuilt by the tests) the file's sha256, llama.cpp's logits on ``tokens`` (one batch, every position), a
 greedy continuation of ``prompt`` with the logits of each step (prompt in one batch, then one
@@ -22,6 +25,7 @@ import argparse
 import hashlib
 import sys
 import tempfile
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +41,7 @@ from llamacpy.models.tiny import (  # noqa: E402
     write_tiny_lfm2,
     write_tiny_lfm2moe,
     write_tiny_mamba2,
+    write_tiny_qwen3next,
     write_tiny_qwen35,
     write_tiny_qwen35moe,
 )
@@ -49,7 +54,8 @@ N_CTX = 64
 TYPES = (GGMLType.F32, GGMLType.Q8_0)
 WRITERS = {"qwen35": write_tiny_qwen35, "qwen35moe": write_tiny_qwen35moe,
            "lfm2": write_tiny_lfm2, "lfm2moe": write_tiny_lfm2moe,
-           "mamba2": write_tiny_mamba2}  # fmt: skip
+           "mamba2": write_tiny_mamba2, "qwen3next": write_tiny_qwen3next,
+           "qwen3next_ssm_in": partial(write_tiny_qwen3next, ssm_in=True)}  # fmt: skip
 for _case, _kw in GRANITEHYBRID_CASES.items():  # granitehybrid, _moe, _rope
     WRITERS[_case] = lambda path, t, seed, _kw=_kw: write_tiny_granitehybrid(path, t, seed, **_kw)
 SEQ_RM = ((0, 3, -1), (0, len(PROMPT) + N_GREEDY, -1), (0, 0, -1))  # (seq, p0, p1)

@@ -36,6 +36,7 @@ from llamacpy.models.tiny import (
     write_tiny_lfm2moe,
     write_tiny_llama,
     write_tiny_mamba2,
+    write_tiny_qwen3next,
     write_tiny_qwen35,
     write_tiny_qwen35moe,
 )
@@ -61,6 +62,7 @@ BUILDERS: dict[str, Builder] = {arch: _decoder(arch) for arch in TINY_ARCHS}
 BUILDERS["bert"] = lambda path, t: write_tiny_bert(path, t, seed=SEED)
 BUILDERS["qwen35"] = lambda path, t: write_tiny_qwen35(path, t, seed=SEED)  # hybrids
 BUILDERS["qwen35moe"] = lambda path, t: write_tiny_qwen35moe(path, t, seed=SEED)
+BUILDERS["qwen3next"] = lambda path, t: write_tiny_qwen3next(path, t, seed=SEED)
 BUILDERS["lfm2"] = lambda path, t: write_tiny_lfm2(path, t, seed=SEED)
 BUILDERS["lfm2moe"] = lambda path, t: write_tiny_lfm2moe(path, t, seed=SEED)
 BUILDERS["mamba2"] = lambda path, t: write_tiny_mamba2(path, t, seed=SEED)  # recurrent only

@@ -494,7 +494,10 @@ class Workspace:
         z = lazy_zeros
         self.n_tokens, self.n_threads = n_tokens, n_threads
         self.x = z((n_tokens, e), np.float32)
-        self.xn = z((n_tokens, max(kmax, channels)), np.float32)  # (Mamba-2: x | B | C)
+        # (Mamba-2: x | B | C; qwen3next's fused ssm_in: q | k | v | z per key head)
+        self.xn = z(
+            (n_tokens, max(kmax, channels, _pad16(hp.extra.get("qkvz_width", 0)))), np.float32
+        )
         channels = max(channels, hp.extra.get("q_width", 0))  # lfm2: b | c | x
         self.q = z((n_tokens, _pad16(max(qd + gate, channels))), np.float32)  # (whole row groups)
         self.k = z((n_tokens, _pad16(kvd)), np.float32)
@@ -502,7 +505,8 @@ class Workspace:
         self.att = z((n_tokens, max(qd, inner)), np.float32)
         self.g = z((n_tokens * n_used, _pad16(max(f, gate))), np.float32)
         self.u = z((n_tokens * n_used, _pad16(max(f, inner))), np.float32)
-        n_router = max(1, hp.extra.get("n_expert", 0), hp.extra.get("ssm_dt_rank", 0))
+        # (Gated DeltaNet: beta per value head; qwen3next: betas | alphas fused)
+        n_router = max(1, hp.extra.get("n_expert", 0), 2 * hp.extra.get("ssm_dt_rank", 0))
         self.router = z((n_tokens, _pad16(n_router)), np.float32)
         self.selected = z((n_tokens, n_used), np.int64)  # experts of each token, best first
         self.weights = z((n_tokens, n_used), np.float32)  # and their weights

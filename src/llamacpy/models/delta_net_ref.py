@@ -13,7 +13,8 @@ A Gated DeltaNet layer, per token ``t`` of sequence state row ``r``:
   (:func:`conv1d_step`);
 * q and k L2-normed per head (ggml: ``rms_norm(x, eps / n) / sqrt(n)``, :func:`l2_norm_numpy`);
 * the gated delta rule on the state ``S`` of each value head (``[S_v, S_k]``, key heads
-  broadcast tiled: value head ``h`` reads key head ``h % H_k`` as ggml does):
+  broadcast tiled: value head ``h`` reads key head ``h % H_k`` as ggml does; qwen3next's
+  value heads come grouped by key head, ``h`` reading ``h // (H_v / H_k)``):
   ``S *= exp(g)``, ``d = (v - S k) * beta``, ``S += d k^T``, ``o = S q / sqrt(S_v)``
   (:func:`delta_rule_step`);
 * the gated RMS norm ``rms_norm(o) * ssm_norm * silu(z)`` per head and ``ssm_out``.
@@ -56,12 +57,16 @@ def conv1d_step(state: np.ndarray, x: np.ndarray, w: np.ndarray) -> np.ndarray:
     return out
 
 
-def delta_rule_step(S, q, k, v, g, beta) -> np.ndarray:
+def delta_rule_step(S, q, k, v, g, beta, grouped: bool = False) -> np.ndarray:
     """One token of the gated delta rule on the states ``S`` [H_v, S_v, S_k] (updated in
     place): ``q``/``k`` [H_k, S_k], ``v`` [H_v, S_v], ``g``/``beta`` [H_v]; returns the
-    output [H_v, S_v]."""
+    output [H_v, S_v]. ``grouped`` (qwen3next): value head ``h`` reads key head ``h //
+    (H_v / H_k)`` (llama.cpp repeats each key head over its value heads) instead of ``h %
+    H_k``."""
     h_v, s_v, _ = S.shape
-    kh = np.arange(h_v) % q.shape[0]  # tiled broadcast of the key heads
+    h_k = q.shape[0]
+    heads = np.arange(h_v)
+    kh = heads // (h_v // h_k) if grouped else heads % h_k  # which key head each reads
     qq, kk = q[kh], k[kh]
     S *= np.exp(g.astype(_F32))[:, None, None]
     d = (v - np.einsum("hji,hi->hj", S, kk, dtype=_F32)) * beta[:, None]

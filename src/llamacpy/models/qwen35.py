@@ -2,7 +2,8 @@
 Gated DeltaNet linear attention and gated full attention.
 
 Layer ``il`` is full attention when ``(il + 1) % full_attention_interval == 0`` (every
-fourth layer), else a Gated DeltaNet layer with a recurrent state per sequence (the
+fourth layer; a file's ``attention.recurrent_layers`` flags, when present, say it layer by
+layer, as llama.cpp reads them), else a Gated DeltaNet layer with a recurrent state per sequence (the
 engine's hybrid memory: KV cells for the attention layers, a convolution row and a
 delta-rule row per sequence for the others). Each block is
 
@@ -137,12 +138,29 @@ class Qwen35Model(Decoder):
         )
 
     @classmethod
+    def recurrent_layers(cls, md: Mapping, hp: HParams) -> HParams:
+        """``hp`` with each trunk layer's kind (``extra["recurrent_layers"]``): the file's
+        ``attention.recurrent_layers`` (one flag per block, the multi-token-prediction
+        blocks too) when it has one, as llama.cpp, else every ``full_attention_interval``-th
+        layer full attention."""
+        key = f"{cls.arch}.attention.recurrent_layers"
+        flags = md.get(key)
+        n_all = hp.n_layer + hp.extra["n_nextn"]
+        if flags is None:
+            interval = hp.extra["full_attention_interval"]
+            rec = tuple((il + 1) % interval != 0 for il in range(hp.n_layer))
+        elif isinstance(flags, str) or not hasattr(flags, "__len__") or len(flags) != n_all:
+            raise ModelError(f"metadata key {key!r} must hold one flag per block ({n_all})")
+        else:
+            rec = tuple(bool(f) for f in flags[: hp.n_layer])
+        return hp.with_extra({"recurrent_layers": rec})
+
+    @classmethod
     def check(cls, md: Mapping, shapes: Mapping[str, tuple[int, ...]]) -> HParams:
         """The declarations' checks, then each layer's own tensors by its kind."""
-        hp = super().check(md, shapes)
-        interval = hp.extra["full_attention_interval"]
+        hp = cls.recurrent_layers(md, super().check(md, shapes))
         for il in range(hp.n_layer):
-            kind = DELTA_NET_TENSORS if (il + 1) % interval else ATTENTION_TENSORS
+            kind = DELTA_NET_TENSORS if hp.extra["recurrent_layers"][il] else ATTENTION_TENSORS
             for t in kind:
                 name = t.name.format(i=il)
                 if name not in shapes:
@@ -153,7 +171,7 @@ class Qwen35Model(Decoder):
         return hp
 
     def layer_recurrent(self, il: int) -> bool:
-        return (il + 1) % self.hparams.extra["full_attention_interval"] != 0
+        return self.hparams.extra["recurrent_layers"][il]
 
     def state_sizes(self) -> tuple[int, int]:
         """Floats of a layer's convolution row and of its delta-rule row (per sequence)."""

@@ -596,7 +596,7 @@ def delta_net_conv(r: Reference, p: Pass, L) -> None:
     p.decay = (softplus_numpy(alpha) * r.vec(L["ssm_a"], hv)).astype(_F32)
 
 
-def delta_net_rule(r: Reference, p: Pass, L) -> None:
+def delta_net_rule(r: Reference, p: Pass, L, grouped: bool = False) -> None:
     """Per token: q, k L2-normed per key head, the gated delta rule on the token's state
     row, then ``rms_norm(o) * ssm_norm * silu(z)`` per value head."""
     _d, sk, hk, hv, sv, _ch = _ssm(r)
@@ -608,9 +608,40 @@ def delta_net_rule(r: Reference, p: Pass, L) -> None:
         q = l2_norm_numpy(c[:kd].reshape(hk, sk), eps)
         k = l2_norm_numpy(c[kd : 2 * kd].reshape(hk, sk), eps)
         S = ssm[int(L["kv_index"]), row].reshape(hv, sv, sk)
-        out[t] = delta_rule_step(S, q, k, c[2 * kd :].reshape(hv, sv), p.decay[t], p.beta[t])
+        v = c[2 * kd :].reshape(hv, sv)
+        out[t] = delta_rule_step(S, q, k, v, p.decay[t], p.beta[t], grouped)
     o = r.norm(out, L["ssm_norm"]) * silu_numpy(p.gate.reshape(len(p.q), hv, sv))
     p.att = o.reshape(len(p.q), -1).astype(_F32)
+
+
+def delta_net_in_grouped(r: Reference, p: Pass, L) -> None:
+    """qwen3next: the channels and ``z`` from ``attn_qkv`` / ``attn_gate`` or from the fused
+    ``ssm_in`` (per key head q | k | v | z, put in ``attn_qkv``'s order); the fused ``h .
+    ssm_ba`` kept whole (in ``beta``) for the next stage."""
+    if L["ssm_in"] < 0:
+        p.q, p.gate = r.mm(L["attn_qkv"], p.h), r.mm(L["attn_gate"], p.h)
+    else:
+        _d, sk, hk, _hv, _sv, _ch = _ssm(r)
+        vg = int(r.M["ssm_d_inner"]) // hk
+        y = r.mm(L["ssm_in"], p.h).reshape(len(p.h), hk, 2 * sk + 2 * vg)
+        q, k, v, z = np.split(y, np.cumsum([sk, sk, vg]), axis=2)
+        p.q = np.concatenate([a.reshape(len(p.h), -1) for a in (q, k, v)], axis=1)
+        p.gate = z.reshape(len(p.h), -1)
+    p.beta = r.mm(L["ssm_beta"], p.h)
+
+
+def delta_net_conv_grouped(r: Reference, p: Pass, L) -> None:
+    """The fused betas | alphas apart (per key head: its value heads' betas, then their
+    alphas), then :func:`delta_net_conv`."""
+    _d, _sk, hk, hv, _sv, _ch = _ssm(r)
+    ba = p.beta.reshape(len(p.beta), hk, 2, hv // hk)
+    p.beta, p.decay = ba[:, :, 0].reshape(len(ba), hv), ba[:, :, 1].reshape(len(ba), hv)
+    delta_net_conv(r, p, L)
+
+
+def delta_net_rule_grouped(r: Reference, p: Pass, L) -> None:
+    """:func:`delta_net_rule` with each key head's value heads together (qwen3next)."""
+    delta_net_rule(r, p, L, grouped=True)
 
 
 def delta_net_out(r: Reference, p: Pass, L) -> None:
@@ -739,6 +770,9 @@ STAGES: dict[str, Stage] = {
         delta_net_in,
         delta_net_conv,
         delta_net_rule,
+        delta_net_in_grouped,
+        delta_net_conv_grouped,
+        delta_net_rule_grouped,
         delta_net_out,
         shortconv_in,
         shortconv_conv,

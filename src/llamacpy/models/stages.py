@@ -1085,10 +1085,43 @@ def delta_net_in(c, L, clk):
 
 
 @njit(cache=True)
-def delta_net_conv(c, L, clk):
+def delta_net_in_grouped(c, L, clk):
+    """qwen3next's in-projections: the channels and ``z`` from ``attn_qkv`` / ``attn_gate``,
+    or from the fused ``ssm_in`` (a file of the older layout: per key head q | k | v | z,
+    then put in the order of ``attn_qkv``); the fused ``h . ssm_ba`` (per key head
+    its value heads' betas, then their alphas) in RL, split by
+    :func:`delta_net_conv_grouped`."""
+    if L.ssm_in < 0:
+        _mm(c, L.attn_qkv, c.Q, False)
+        _mm(c, L.attn_gate, c.U, False)
+        _mm(c, L.ssm_beta, c.RL, False)
+        return _sync(c, tick(c.prof, c.tid, P_QKV, clk))
+    _mm(c, L.ssm_in, c.XN, False)
+    _mm(c, L.ssm_beta, c.RL, False)
+    clk = _sync(c, tick(c.prof, c.tid, P_QKV, clk))
+    M = c.M
+    sk, hk = M.ssm_d_state, M.ssm_n_group
+    kd, vg = hk * sk, M.ssm_d_inner // hk  # a key head's values (and gates)
+    width = 2 * sk + 2 * vg
+    t0, t1 = _token_rows(c)
+    for t in range(t0, t1):
+        for g in range(hk):
+            s = g * width
+            for i in range(sk):
+                c.Q[t, g * sk + i] = c.XN[t, s + i]
+                c.Q[t, kd + g * sk + i] = c.XN[t, s + sk + i]
+            for i in range(vg):
+                c.Q[t, 2 * kd + g * vg + i] = c.XN[t, s + 2 * sk + i]
+                c.U[t, g * vg + i] = c.XN[t, s + 2 * sk + vg + i]
+    return _sync(c, tick(c.prof, c.tid, P_QKV, clk))
+
+
+@njit(cache=True, inline="always")
+def _delta_net_conv(c, L, grouped, clk):
     """The short causal convolution of each channel over its state row, then SiLU (threads
     split the channels); ``beta = sigmoid(beta)`` and the decay ``g = softplus(alpha +
-    ssm_dt) * ssm_a`` per value head (threads split the tokens)."""
+    ssm_dt) * ssm_a`` per value head (threads split the tokens). ``grouped``: beta and
+    alpha come fused in RL, per key head its ``r`` value heads' betas then their alphas."""
     M = c.M
     ch, taps, n = _conv_channels(M), M.ssm_d_conv, c.st.n_rows
     state = _state_rows(c, L, c.kv_swa.KC, c.kvi[7]).reshape(c.kvi[6], ch, taps - 1)
@@ -1097,9 +1130,16 @@ def delta_net_conv(c, L, clk):
     conv_bias_tokens(c.Q, 0, n, c.kv_swa.cells, state, w, c.NF[:0], c.Q, 16 * g0, 16 * g1)
     silu(c.Q, 0, n, 16 * g0, 16 * g1, c.Q)
     one = np.float32(1.0)
+    hv = M.ssm_dt_rank
+    r = hv // M.ssm_n_group
     t0, t1 = _token_rows(c)
     for t in range(t0, t1):
-        for h in range(M.ssm_dt_rank):
+        if grouped:
+            for h in range(hv):
+                c.XN[t, h] = c.RL[t, (h // r) * 2 * r + r + h % r]
+            for h in range(hv):  # in place: the beta of head h is at or after h
+                c.RL[t, h] = c.RL[t, (h // r) * 2 * r + h % r]
+        for h in range(hv):
             c.RL[t, h] = sigmoid(c.RL[t, h])
             a = c.XN[t, h] + c.NF[L.ssm_dt_bias + h]
             sp = a if a > np.float32(20.0) else np.log(one + np.exp(a))
@@ -1108,30 +1148,56 @@ def delta_net_conv(c, L, clk):
 
 
 @njit(cache=True)
-def delta_net_rule(c, L, clk):
+def delta_net_conv(c, L, clk):
+    """:func:`_delta_net_conv` of qwen35 (beta and alpha apart)."""
+    return _delta_net_conv(c, L, False, clk)
+
+
+@njit(cache=True)
+def delta_net_conv_grouped(c, L, clk):
+    """:func:`_delta_net_conv` of qwen3next (beta and alpha fused per key head)."""
+    return _delta_net_conv(c, L, True, clk)
+
+
+@njit(cache=True, inline="always")
+def _delta_net_rule(c, L, grouped, clk):
     """Per token and value head (threads split the heads): q and k of its key head
     L2-normed, the gated delta rule on the head's state row, then the gated norm
-    ``rms_norm(o) * ssm_norm * silu(z)`` of the head's output."""
+    ``rms_norm(o) * ssm_norm * silu(z)`` of the head's output. Value head ``h`` reads key
+    head ``h % H_k`` (tiled, qwen35) or, ``grouped``, ``h // (H_v / H_k)`` (qwen3next)."""
     M = c.M
     hk, sk, hv = M.ssm_n_group, M.ssm_d_state, M.ssm_dt_rank
     sv, kd = M.ssm_d_inner // hv, M.ssm_n_group * M.ssm_d_state
+    r = hv // hk
     S = _state_rows(c, L, c.kv_swa.VC, c.kvi[8]).reshape(c.kvi[6], hv, sv, sk)
     qn, kn = c.TS[1][c.tid], c.TS[3][c.tid]
     w = c.NF[L.ssm_norm : L.ssm_norm + sv]
     h0, h1 = split(hv, c.tid, c.nth)
     for t in range(c.st.n_rows):
-        r = c.kv_swa.cells[t]
+        rw = c.kv_swa.cells[t]
         for h in range(h0, h1):
-            kh = h % hk
+            kh = h // r if grouped else h % hk
             l2_norm(c.Q[t], kh * sk, sk, M.eps, qn)
             l2_norm(c.Q[t], kd + kh * sk, sk, M.eps, kn)
             o = h * sv
             delta_rule_head(
-                S[r, h], qn, kn, c.Q[t], 2 * kd + o, c.XN[t, h], c.RL[t, h], c.ATT[t], o
+                S[rw, h], qn, kn, c.Q[t], 2 * kd + o, c.XN[t, h], c.RL[t, h], c.ATT[t], o
             )
             head_rms_norm(c.ATT, t, h, h + 1, sv, w, M.eps)
             mul_silu(c.U, t, t + 1, o, o + sv, c.ATT)
     return _sync(c, tick(c.prof, c.tid, P_ATTN, clk))
+
+
+@njit(cache=True)
+def delta_net_rule(c, L, clk):
+    """:func:`_delta_net_rule` with the key heads tiled over the value heads (qwen35)."""
+    return _delta_net_rule(c, L, False, clk)
+
+
+@njit(cache=True)
+def delta_net_rule_grouped(c, L, clk):
+    """:func:`_delta_net_rule` with each key head's value heads together (qwen3next)."""
+    return _delta_net_rule(c, L, True, clk)
 
 
 @njit(cache=True)

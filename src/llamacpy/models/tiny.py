@@ -438,6 +438,23 @@ def write_tiny_qwen35moe(
     _write_qwen35(path, "qwen35moe", weight_type, seed, {**QWEN35MOE_SHAPE, **shape})
 
 
+def write_tiny_qwen3next(
+    path: str | os.PathLike[str],
+    weight_type: GGMLType | int,
+    seed: int = 0,
+    ssm_in: bool = False,
+    **shape: int,
+) -> None:
+    """Write a tiny random ``qwen3next`` GGUF: :func:`write_tiny_qwen35moe`'s layers with
+    Qwen3-Next's Gated DeltaNet layout: one ``ssm_ba`` (per key head: the betas of
+    its 2 value heads, then their alphas), value heads grouped by key head; the channels and
+    gate as ``attn_qkv`` / ``attn_gate`` (what llama.cpp's converter writes), or with
+    ``ssm_in`` as one fused ``ssm_in`` (per key head q | k | v | z: older files); no rope
+    sections."""
+    s = {**QWEN35MOE_SHAPE, **shape, "ssm_in": int(ssm_in)}
+    _write_qwen35(path, "qwen3next", weight_type, seed, s)
+
+
 def _write_qwen35(path, a: str, weight_type: GGMLType | int, seed: int, s: dict) -> None:
     t = GGMLType(weight_type)
     w = GGUFWriter(path)
@@ -460,12 +477,13 @@ def _write_qwen35(path, a: str, weight_type: GGMLType | int, seed: int, s: dict)
             w.add(f"{a}.{key}", s[name], GGUFValueType.UINT32)
     w.add(f"{a}.rope.freq_base", 10000.0, GGUFValueType.FLOAT32)
     w.add(f"{a}.attention.layer_norm_rms_epsilon", 1e-6, GGUFValueType.FLOAT32)
-    third = -(-s["n_rot"] // 6)  # rope pairs in thirds (Qwen3.5: 11, 11, 10 of 32)
-    sections = [third, third, s["n_rot"] // 2 - 2 * third, 0]
-    w.add(f"{a}.rope.dimension_sections", np.array(sections, np.int32))
+    if a != "qwen3next":  # (qwen3next: a plain neox rope)
+        third = -(-s["n_rot"] // 6)  # rope pairs in thirds (Qwen3.5: 11, 11, 10 of 32)
+        sections = [third, third, s["n_rot"] // 2 - 2 * third, 0]
+        w.add(f"{a}.rope.dimension_sections", np.array(sections, np.int32))
     _add_byte_vocab(w, s["n_vocab"])
     rng = np.random.default_rng(seed)
-    _add_qwen35_tensors(w, rng, t, s)
+    _add_qwen35_tensors(w, rng, t, {**s, "next": int(a == "qwen3next")})
     w.write()
 
 
@@ -479,15 +497,21 @@ def _add_qwen35_tensors(w, rng, t: GGMLType, s: dict) -> None:
         p = f"blk.{i}."
         vec(p + "attn_norm.weight", norm())
         if (i + 1) % 4:
-            mat(p + "attn_qkv.weight", conv_dim, e)
-            mat(p + "attn_gate.weight", value_dim, e)
+            if s.get("ssm_in"):  # qwen3next's older layout: per key head q | k | v | z
+                mat(p + "ssm_in.weight", conv_dim + value_dim, e)
+            else:
+                mat(p + "attn_qkv.weight", conv_dim, e)
+                mat(p + "attn_gate.weight", value_dim, e)
             # conv taps of std 0.5 (ggml: [d_conv, channels]), decays -exp(A_log) in [-2.7, -1]
             vec(p + "ssm_conv1d.weight", 10.0 * _normal(rng, conv_dim * s["d_conv"]),
                 (s["d_conv"], conv_dim))  # fmt: skip
             vec(p + "ssm_dt.bias", 10.0 * _normal(rng, s["dt_rank"]))
             vec(p + "ssm_a", -np.exp(0.5 + 5.0 * _normal(rng, s["dt_rank"])))
-            mat(p + "ssm_beta.weight", s["dt_rank"], e)
-            mat(p + "ssm_alpha.weight", s["dt_rank"], e)
+            if s["next"]:  # per key head: its value heads' betas, then their alphas
+                mat(p + "ssm_ba.weight", 2 * s["dt_rank"], e)
+            else:
+                mat(p + "ssm_beta.weight", s["dt_rank"], e)
+                mat(p + "ssm_alpha.weight", s["dt_rank"], e)
             vec(p + "ssm_norm.weight", norm(s["d_state"]))
             mat(p + "ssm_out.weight", e, value_dim)
         else:
