@@ -17,7 +17,10 @@ chooses), ``llama_swa`` (a llama file with ``llama.attention.sliding_window`` = 
 ``olmo2`` and ``olmo2_swa`` (OLMo 3's sliding-window layers, YaRN on the global one),
 ``deepseek2`` (latent attention; V3's router: sigmoid, selection bias, grouped experts),
 ``deepseek2_v2`` (V2's softmax router), ``deepseek2_yarn`` (DeepSeek's YaRN K.Q scale) and
-``deepseek2_lite`` (26 layers, q without low rank, as V2-Lite); ``LONG_CASES`` add logits of
+``deepseek2_lite`` (26 layers, q without low rank, as V2-Lite), ``gemma4`` (local, local,
+global layers; value norms, proportional rope factors, layer output scales; a greedy
+continuation of 32 tokens) ``gemma4_moe`` (a dense FFN beside 4 experts) and ``gemma4_moe_fused`` (the experts' gate and
+up in one tensor, as converted); ``LONG_CASES`` add logits of
 80 tokens at given ubatch sizes (deepseek2: 80, tiled attention, and 7). ``--cases A,B`` recomputes those cases only and keeps the others' fixtures.
 
 The oracle runs in a subprocess (``--oracle-py``, the llama-cpp-python interpreter); the
@@ -47,6 +50,8 @@ SEED = 3
 TOKENS = [1, 50, 72, 101, 108, 108, 111, 33, 200, 3, 77, 140, 9, 250, 31, 66, 100, 12]
 PROMPT = [1, 84, 104, 101, 32, 99]
 N_GREEDY = 16
+# longer continuations of these cases
+N_GREEDY_CASE = dict.fromkeys(("gemma4", "gemma4_moe", "gemma4_moe_fused"), 32)
 CASES = LLAMA_CPP_CASES  # case -> (arch, tiny-model options, n_ctx)
 # Q8_0 cases also run on a longer prompt at these ubatch sizes (64+: tiled attention):
 # ``{case}.Q8_0.long{ubatch}`` logits of LONG_TOKENS in a context of 256
@@ -118,7 +123,7 @@ def main() -> None:
                 write_tiny_llama(path, t, seed=SEED, arch=arch, **opts)
                 code = _CODE.format(
                     path=str(path), n_ctx=n_ctx, tokens=TOKENS, n=len(TOKENS),
-                    prompt=PROMPT, n_gen=N_GREEDY,
+                    prompt=PROMPT, n_gen=N_GREEDY_CASE.get(case, N_GREEDY),
                 )  # fmt: skip
                 res = oracle(args.oracle_py, code)
                 out[f"{key}.logits"] = np.array(res["logits"], np.float32)

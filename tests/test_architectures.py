@@ -8,7 +8,8 @@ with llama.cpp.
   forward, a batch of two sequences == each alone, ``seq_rm`` + re-decode == the first pass.
   Encoders (bert): embedding shapes, two sequences in one batch == each alone.
 * the cases of ``tiny.LLAMA_CPP_CASES`` (qwen2, qwen3, phi3 with short and long rope
-  factors, smollm3, qwen3moe, gpt-oss, gemma2 (attention and final soft-caps), olmo2, a llama file with experts (Mixtral), a llama file with
+  factors, smollm3, qwen3moe, gpt-oss, gemma2 (attention and final soft-caps), olmo2, gemma4
+  (dense; a dense FFN beside experts, split or fused gate|up), a llama file with experts (Mixtral), a llama file with
   ``llama.attention.sliding_window``: llama.cpp ignores the key for ``llama``, so do we) vs llama.cpp's logits and greedy continuations (``tests/fixtures/engine/arch_logits.npz``,
   ``scripts/make_arch_fixtures.py``).
 * An unknown ``general.architecture`` is an error listing the supported ones.
@@ -501,3 +502,96 @@ def test_deepseek2_defaults_follow_llama_cpp(model_dir: Path) -> None:
     assert (x["expert_weights_scale"], x["n_expert_groups"]) == (0.0, 0)
     m = load_model(tiny(model_dir, "deepseek2", GGMLType.F32))
     assert m.attention_scales()[0] == float(np.float32(1.0) / np.sqrt(np.float32(64)))
+
+
+# ---------------------------------------------------------------------- gemma4
+@pytest.mark.parametrize("case", ["gemma4", "gemma4_moe", "gemma4_moe_fused"])
+@pytest.mark.parametrize(("n_ubatch", "n_threads"), [(512, 2), (7, 1), (3, 2), (1, 1)])
+def test_gemma4_q8_0_any_ubatch_and_threads(model_dir: Path, case, n_ubatch, n_threads) -> None:
+    """The Q8_0 tiny gemma4 (dense; a dense FFN beside experts) gives llama.cpp's logits bit
+    for bit whatever the ubatch size (rows of 18, 7, 3 tokens; single-token steps) and
+    thread count."""
+    arch, opts, n_ctx = CASES[case]
+    path = tiny(model_dir, arch, GGMLType.Q8_0, **opts)
+    p = _params(n_ctx=n_ctx, n_ubatch=n_ubatch, n_batch=64, n_threads=n_threads,
+                n_threads_batch=n_threads)  # fmt: skip
+    got = Context(path, p).decode(Batch.from_tokens(TOKENS, logits="all"))
+    np.testing.assert_array_equal(got, FIX[f"{case}.Q8_0.logits"])
+
+
+def test_gemma4_layers_follow_the_file(model_dir: Path) -> None:
+    """The tiny file's pattern (local, local, global), window 4, the local layers' rope base
+    without frequency factors, the global layer's with them; no scales of the scores or the
+    queries; the layers' output scales read."""
+    m = load_model(tiny(model_dir, "gemma4", GGMLType.F32))
+    assert m.layer_swa == (True, True, False) and m.n_swa == 4
+    assert (m.rope_swa.freq_base, m.rope_swa.factors) == (1000.0, False)
+    assert (m.rope.freq_base, m.rope.factors) == (10000.0, True)
+    assert m.attention_scales() == (1.0, 1.0) and m.logit_softcap() == 3.0
+    assert all(b.layer_output_scale is not None for b in m.blk)
+    assert m.freqs_arr.shape == (32,) and m.freqs_arr[-1] == np.float32(1e30)
+
+
+@pytest.mark.parametrize(
+    ("case", "key", "value", "match"),
+    [
+        ("gemma4", "gemma4.attention.key_length_swa", 32, "key_length_swa"),
+        ("gemma4", "gemma4.rope.dimension_count_swa", 32, "dimension_count_swa"),
+        ("gemma4", "gemma4.attention.shared_kv_layers", 1, "shared_kv_layers"),
+        ("gemma4", "gemma4.embedding_length_per_layer_input", 16, "per_layer_input"),
+        ("gemma4", "gemma4.attention.sliding_window_pattern", 2, "sliding_window_pattern"),
+        ("gemma4", "gemma4.attention.sliding_window_pattern", [True], "lists 1 layers"),
+        ("gemma4", "gemma4.attention.sliding_window", None, "sliding_window' is missing"),
+        ("gemma4_moe", "gemma4.expert_used_count", 5, "expert_used_count"),
+        ("gemma4_moe", "gemma4.expert_feed_forward_length", 40, "expert_feed_forward_length"),
+    ],
+)
+def test_gemma4_unsupported_or_bad_key_is_named(model_dir: Path, case, key, value, match) -> None:
+    """What this engine does not run (local layers of another head size, shared KV layers,
+    per-layer embeddings) and bad keys are refused naming the key."""
+    from llamacpy.models import check_model
+    from llamacpy.models.weights import model_file
+
+    arch, opts, _ = CASES[case]
+    mf = model_file(tiny(model_dir, arch, GGMLType.F32, **opts))
+    try:
+        shapes = {t.name: t.shape for t in mf.tensors}
+        check_model(mf.metadata, shapes)  # the file as is
+        md = {k: v for k, v in {**mf.metadata, key: value}.items() if v is not None}
+        with pytest.raises(ModelError, match=match):
+            check_model(md, shapes)
+    finally:
+        mf.close()
+
+
+@pytest.mark.parametrize(
+    ("case", "edit", "match"),
+    [
+        ("gemma4", {"rope_freqs.weight": None}, "'rope_freqs.weight' is missing"),
+        ("gemma4", {"blk.0.attn_v.weight": None}, "'blk.0.attn_v.weight' is missing"),
+        ("gemma4", {"blk.2.layer_output_scale.weight": (2,)}, "layer_output_scale.weight' has"),
+        ("gemma4", {"per_layer_token_embd.weight": (256, 259)}, "per_layer_token_embd"),
+        ("gemma4_moe", {"blk.1.pre_ffw_norm_2.weight": None}, "'blk.1.pre_ffw_norm_2.weight' is"),
+        ("gemma4_moe", {"blk.0.ffn_gate_inp.scale": None}, "'blk.0.ffn_gate_inp.scale' is"),
+        ("gemma4_moe", {"blk.0.ffn_down_exps.scale": (3,)}, "'blk.0.ffn_down_exps.scale' has"),
+        ("gemma4_moe_fused", {"blk.1.ffn_gate_up_exps.weight": (256, 96, 4)}, "gate_up_exps"),
+        ("gemma4_moe_fused", {"blk.0.ffn_down_exps.weight": None}, "down_exps.weight' is"),
+    ],
+)
+def test_gemma4_missing_or_misshapen_tensor_is_named(model_dir: Path, case, edit, match) -> None:
+    """A gemma4 file without the global layers' rope factors, a value projection (values
+    read from the keys are not run) or a tensor of its layers of experts, with a tensor of
+    the wrong shape (the fused gate|up of the experts too), or with per-layer embeddings, is
+    refused naming the tensor."""
+    from llamacpy.models import check_model
+    from llamacpy.models.weights import model_file
+
+    arch, opts, _ = CASES[case]
+    mf = model_file(tiny(model_dir, arch, GGMLType.F32, **opts))
+    try:
+        shapes = {t.name: t.shape for t in mf.tensors}
+        edited = {k: v for k, v in (shapes | edit).items() if v is not None}
+        with pytest.raises(ModelError, match=match):
+            check_model(mf.metadata, edited)
+    finally:
+        mf.close()

@@ -441,7 +441,10 @@ def _read(decls, mf: GGUFModelFile, store: WeightStore, source: TensorSource, hp
             r0 = 0
             for f, t in zip(d.into, parts, strict=True):
                 n = shape_of(hp, t)[1]
-                out[f] = store.matrix(row_slice(info, r0, n))
+                if len(info.shape) == 3:  # experts: each expert's rows split alike
+                    out[f] = store.experts(info, r0, n)
+                else:
+                    out[f] = store.matrix(row_slice(info, r0, n))
                 r0 += n
     for d in decls:
         if d.per_layer != (i is not None) or not isinstance(d, Tensor):

@@ -42,7 +42,7 @@ from .delta_net_ref import (
 )
 from .mamba2_ref import conv_bias_step, scan_step
 from .spec import Branch, stage_names
-from .stages import ACT_SWIGLU_OAI, GATING_SIGMOID, GATING_SOFTMAX_WEIGHT
+from .stages import ACT_GEGLU, ACT_SWIGLU_OAI, GATING_SIGMOID, GATING_SOFTMAX_WEIGHT
 
 _F32 = np.float32
 
@@ -265,6 +265,18 @@ def qk_norm(r: Reference, p: Pass, L) -> None:
     p.k = r.norm(_heads(p.k, d), L["attn_k_norm"]).reshape(p.k.shape)
 
 
+def v_norm(r: Reference, p: Pass, L) -> None:
+    """Per-head ``rms_norm(v_h)``, no weight."""
+    d = int(r.M["head_dim"])
+    p.v = rms_norm_numpy(_heads(p.v, d), np.ones(d, _F32), r.M["eps"]).reshape(p.v.shape)
+
+
+def layer_scale(r: Reference, p: Pass, L) -> None:
+    """``x *= layer_output_scale`` when the layer has it."""
+    if L["layer_output_scale"] >= 0:
+        p.x = (p.x * r.vec(L["layer_output_scale"], 1)[0]).astype(_F32)
+
+
 def qk_norm_full(r: Reference, p: Pass, L) -> None:
     """``rms_norm(q) * attn_q_norm``, ``rms_norm(k) * attn_k_norm`` over whole rows."""
     p.q, p.k = r.norm(p.q, L["attn_q_norm"]), r.norm(p.k, L["attn_k_norm"])
@@ -425,7 +437,9 @@ def _moe(r: Reference, p: Pass, L) -> np.ndarray:
     times its weight, added in the order of the selection."""
     n, k = p.sel.shape
     n_embd, f = int(r.M["n_embd"]), int(r.M["n_ff_exp"])
-    act = swiglu_oai_numpy if r.M["expert_act"] == ACT_SWIGLU_OAI else swiglu_numpy
+    act = {ACT_SWIGLU_OAI: swiglu_oai_numpy, ACT_GEGLU: geglu_numpy}.get(
+        int(r.M["expert_act"]), swiglu_numpy
+    )
     out = np.zeros((n, k, n_embd), _F32)
     for e in np.unique(p.sel):
         t, j = np.nonzero(p.sel == e)
@@ -433,6 +447,8 @@ def _moe(r: Reference, p: Pass, L) -> np.ndarray:
         g = r.mm(L["ffn_gate_exps"] + e, h) + r.bias(L["ffn_gate_exps_bias"], f, e)
         u = r.mm(L["ffn_up_exps"] + e, h) + r.bias(L["ffn_up_exps_bias"], f, e)
         d = r.mm(L["ffn_down_exps"] + e, act(g, u))
+        if L["ffn_down_exps_scale"] >= 0:  # the expert's output scale (gemma4)
+            d = (d * r.vec(L["ffn_down_exps_scale"] + int(e), 1)[0]).astype(_F32)
         out[t, j] = d + r.bias(L["ffn_down_exps_bias"], n_embd, e)
     acc = out[:, 0] * p.wts[:, :1]
     for j in range(1, k):
@@ -450,6 +466,27 @@ def ffn_moe(r: Reference, p: Pass, L) -> None:
 def ffn_moe_keep(r: Reference, p: Pass, L) -> None:
     """The routed experts' sum of :func:`ffn_moe`, kept for a shared expert."""
     p.moe = _moe(r, p, L)
+
+
+def ffn_router_in(r: Reference, p: Pass, L) -> None:
+    """gemma4's router input ``rms_norm(x) / sqrt(n_embd) * ffn_gate_inp.scale``."""
+    n = int(r.M["n_embd"])
+    inv = _F32(1.0) / np.sqrt(_F32(n))
+    h = rms_norm_numpy(p.x, np.ones(n, _F32), r.M["eps"]) * inv
+    p.h = (h * r.vec(L["ffn_gate_inp_scale"], n)).astype(_F32)
+
+
+def ffn_pre_norm_2(r: Reference, p: Pass, L) -> None:
+    """``h = rms_norm(x) * pre_ffw_norm_2``."""
+    p.h = r.norm(p.x, L["pre_ffw_norm_2"])
+
+
+def ffn_down_post_norms(r: Reference, p: Pass, L) -> None:
+    """``x += rms_norm(rms_norm(g . ffn_down) * post_ffw_norm_1 + rms_norm(moe) *
+    post_ffw_norm_2) * post_ffw_norm``."""
+    mlp = r.norm(r.mm(L["ffn_down"], p.g), L["post_ffw_norm_1"])
+    both = (mlp + r.norm(p.moe, L["post_ffw_norm_2"])).astype(_F32)
+    p.x = (p.x + r.norm(both, L["post_ffw_norm"])).astype(_F32)
 
 
 def ffn_shexp_gate(r: Reference, p: Pass, L) -> None:
@@ -738,6 +775,7 @@ STAGES: dict[str, Stage] = {
         qkv_bias,
         qk_norm,
         qk_norm_full,
+        v_norm,
         rope,
         scale_q,
         kv_store,
@@ -781,5 +819,9 @@ STAGES: dict[str, Stage] = {
         mamba2_conv,
         mamba2_scan,
         mamba2_out,
+        layer_scale,
+        ffn_router_in,
+        ffn_pre_norm_2,
+        ffn_down_post_norms,
     )
 }

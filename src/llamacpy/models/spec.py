@@ -80,7 +80,8 @@ class Fused:
     """A tensor holding several declared matrices' rows one after another (phi3's
     ``attn_qkv`` = q | k | v): when the file has it, it is split into the ``into`` fields at
     load time (no cost at run time) and those fields' own tensors are not looked for;
-    ``required``: the file must have it."""
+    ``required``: the file must have it. A 3-D one holds experts (each expert's rows split
+    alike: gemma4's ``ffn_gate_up_exps`` = gate | up)."""
 
     name: str
     into: tuple[str, ...]
@@ -175,7 +176,7 @@ def check_tensors(
                         raise ModelError(f"tensor {name!r} is missing (required by {arch})")
                     continue
                 parts = [shape_of(hp, by_field[f]) for f in d.into]
-                want = (parts[0][0], sum(p[1] for p in parts))
+                want = (parts[0][0], sum(p[1] for p in parts), *parts[0][2:])
             else:
                 fused = _fused_for(decls, d.field, i, shapes)
                 if fused is not None:

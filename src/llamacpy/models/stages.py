@@ -47,7 +47,7 @@ from ..ops.delta_net import delta_rule_head, l2_norm
 from ..ops.dequant import get_row_sel
 from ..ops.matmul import matmul_rows_sel, matmul_sel, prepare_acts
 from ..ops.moe import expert_weights, shared_gate, softmax_ggml, top_k
-from ..ops.norm import head_rms_norm, rms_norm
+from ..ops.norm import head_rms_norm, head_rms_norm_plain, rms_norm
 from ..ops.rope import rope_apply, rope_cache
 from ..ops.ssm import conv_bias_tokens, scan_head
 from ..ops.threads import barrier, split, tick, timed_barrier
@@ -62,7 +62,8 @@ GATING_SOFTMAX, GATING_SOFTMAX_WEIGHT = 0, 1
 # sigmoid of each logit; the experts chosen by sigmoid + ffn_exp_probs_b, weighted by the
 # sigmoid alone (lfm2moe, deepseek-v3's router)
 GATING_SIGMOID = 2
-ACT_SWIGLU, ACT_SWIGLU_OAI = 0, 1  # expert_act: silu(g) * u; gpt-oss's clamped variant
+# expert_act: silu(g) * u; gpt-oss's clamped variant; gelu(g) * u (gemma4)
+ACT_SWIGLU, ACT_SWIGLU_OAI, ACT_GEGLU = 0, 1, 2
 NONE = -1  # a matrix index / vector offset of a tensor the layer does not have
 # One row per layer. Matrices: index into the weight store; vectors: offset into its float
 # buffer; need_*: activation kinds the matrices reading that input consume
@@ -121,6 +122,12 @@ LAYER_DTYPE = np.dtype(
             "attn_q_a_norm",
             "attn_kv_a_norm",
             "n_ff",  # the layer's FFN size when not the model's (deepseek2's shared experts)
+            "layer_output_scale",  # gemma4: the layer's output times this one float
+            "ffn_gate_inp_scale",  # gemma4's experts: the router input's scale per channel,
+            "ffn_down_exps_scale",  # each expert's output scale (expert e: + e),
+            "pre_ffw_norm_2",  # the experts' input norm and the output norms of the dense
+            "post_ffw_norm_1",  # FFN (1) and of the experts (2)
+            "post_ffw_norm_2",
             "need_qkv",
             "need_out",
             "need_ffn",
@@ -400,6 +407,16 @@ def qk_norm(c, L, clk):
 
 
 @njit(cache=True)
+def v_norm(c, L, clk):
+    """Per-head ``rms_norm(v_h)`` without a weight (gemma4)."""
+    M = c.M
+    t0, t1 = _token_rows(c)
+    for t in range(t0, t1):
+        head_rms_norm_plain(c.VN, t, 0, M.n_head_kv, M.head_dim, M.eps)
+    return clk
+
+
+@njit(cache=True)
 def qk_norm_full(c, L, clk):
     """``rms_norm(q) * attn_q_norm``, ``rms_norm(k) * attn_k_norm`` over all heads of a
     token at once (olmo2's norms of the whole projections, not per head)."""
@@ -608,6 +625,20 @@ def ffn_down_post_norm(c, L, clk):
 
 
 @njit(cache=True)
+def layer_scale(c, L, clk):
+    """``x *= layer_output_scale`` (one float; gemma4), when the layer has it."""
+    off = L.layer_output_scale
+    if off < 0:
+        return clk
+    s, n_embd = c.NF[off], c.M.n_embd
+    t0, t1 = _token_rows(c)
+    for t in range(t0, t1):
+        for i in range(n_embd):
+            c.X[t, i] *= s
+    return _sync(c, clk)
+
+
+@njit(cache=True)
 def ffn_router(c, L, clk):
     """Mixture of experts: ``p = softmax(h . ffn_gate_inp (+ bias))`` per token (float32,
     ggml's), its ``n_expert_used`` most probable experts (best first) and their weights
@@ -709,6 +740,10 @@ def _expert_out(c, L, down, ee, r, g0, g1):
     expert's bias, and (gate/up) ``G[r] = act(G[r], U[r])`` (``expert_act``)."""
     M = c.M
     if down:
+        if L.ffn_down_exps_scale >= 0:  # (before the bias, as build_lora_mm_id)
+            s = c.NF[L.ffn_down_exps_scale + ee]
+            for i in range(16 * g0, min(16 * g1, M.n_embd)):
+                c.EO[r, i] *= s
         b = _expert_vec(L.ffn_down_exps_bias, ee, M.n_embd)
         _add_vec(c.EO, r, c.NF, b, 16 * g0, min(16 * g1, M.n_embd))
         return
@@ -718,6 +753,8 @@ def _expert_out(c, L, down, ee, r, g0, g1):
     _add_vec(c.U, r, c.NF, _expert_vec(L.ffn_up_exps_bias, ee, f), 16 * g0, i1)
     if M.expert_act == ACT_SWIGLU_OAI:
         swiglu_oai(c.G, c.U, r, r + 1, 16 * g0, i1, c.G)
+    elif M.expert_act == ACT_GEGLU:
+        geglu(c.G, c.U, r, r + 1, 16 * g0, i1, c.G)
     else:
         swiglu(c.G, c.U, r, r + 1, 16 * g0, i1, c.G)
 
@@ -809,6 +846,68 @@ def ffn_moe_keep(c, L, clk):
     """:func:`ffn_moe`'s sum kept apart (in ``EO``) for a shared expert to join it before
     the residual (qwen35moe)."""
     return _moe(c, L, True, clk)
+
+
+@njit(cache=True, inline="always")
+def _router_row(src, t, dst, r, n, inv, w, eps):
+    """``dst[r] = rms_norm(src[t]) * inv * w`` (no norm weight; ggml's rms_norm, scale,
+    mul in that order)."""
+    s = 0.0
+    for i in range(n):
+        v = src[t, i]
+        s += np.float64(v * v)
+    mean = np.float32(s / n)
+    scale = np.float32(1.0) / np.sqrt(mean + eps)
+    for i in range(n):
+        dst[r, i] = src[t, i] * scale * inv * w[i]
+
+
+@njit(cache=True)
+def ffn_router_in(c, L, clk):
+    """gemma4's router input ``h = rms_norm(x) / sqrt(n_embd) * ffn_gate_inp.scale`` (no
+    norm weight), quantized for the router (one row: every thread its private row)."""
+    M = c.M
+    n_embd, tid, off = M.n_embd, c.tid, L.ffn_gate_inp_scale
+    w = c.NF[off : off + n_embd]
+    inv = np.float32(1.0) / np.sqrt(np.float32(n_embd))
+    if c.st.n_rows == 1:
+        _router_row(c.X, 0, c.XP, tid, n_embd, inv, w, M.eps)
+        prepare_acts(c.XP, tid, tid + 1, n_embd, L.need_ffn, c.AP)
+        return tick(c.prof, tid, P_NORM, clk)
+    t0, t1 = _token_rows(c)
+    for t in range(t0, t1):
+        _router_row(c.X, t, c.XN, t, n_embd, inv, w, M.eps)
+    prepare_acts(c.XN, t0, t1, n_embd, L.need_ffn, c.A)
+    return _sync(c, tick(c.prof, tid, P_NORM, clk))
+
+
+@njit(cache=True)
+def ffn_pre_norm_2(c, L, clk):
+    """``h = rms_norm(x) * pre_ffw_norm_2``, quantized for the experts (gemma4)."""
+    return _norm_in(c, c.X, L.pre_ffw_norm_2, L.need_ffn, clk)
+
+
+@njit(cache=True)
+def ffn_down_post_norms(c, L, clk):
+    """gemma4's layer of experts: ``x += rms_norm(rms_norm(g . ffn_down) * post_ffw_norm_1
+    + rms_norm(moe) * post_ffw_norm_2) * post_ffw_norm``, ``moe`` the routed experts' sum
+    :func:`ffn_moe_keep` kept (``EO[t * n_expert_used]``)."""
+    M = c.M
+    _mm(c, L.ffn_down, c.XN, False)
+    clk = _sync(c, tick(c.prof, c.tid, P_FFN_DOWN, clk))
+    n_embd, k, eps, NF = M.n_embd, M.n_expert_used, M.eps, c.NF
+    p1, p2, p = L.post_ffw_norm_1, L.post_ffw_norm_2, L.post_ffw_norm
+    t0, t1 = _token_rows(c)
+    rms_norm(c.XN, t0, t1, n_embd, NF[p1 : p1 + n_embd], eps, c.XN)
+    for t in range(t0, t1):
+        rms_norm(c.EO, t * k, t * k + 1, n_embd, NF[p2 : p2 + n_embd], eps, c.EO)
+        for i in range(n_embd):
+            c.XN[t, i] = c.XN[t, i] + c.EO[t * k, i]
+    rms_norm(c.XN, t0, t1, n_embd, NF[p : p + n_embd], eps, c.XN)
+    for t in range(t0, t1):
+        for i in range(n_embd):
+            c.X[t, i] += c.XN[t, i]
+    return _sync(c, tick(c.prof, c.tid, P_NORM, clk))
 
 
 @njit(cache=True)

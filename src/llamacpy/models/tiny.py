@@ -16,7 +16,11 @@ biases, attention sinks, layers alternating sliding-window and full attention, w
 YaRN rope, a post-attention norm, 4 biased experts of FFN size 64 with 2 used; expert biases
 large enough to reach the clamps of its SwiGLU; ``experts_type`` sets the experts' type,
 e.g. MXFP4 as the released files have them); ``n_expert`` > 0 gives
-a ``llama`` file experts (Mixtral: 2 used, of FFN size ``n_ff``); ``deepseek2`` goes to
+a ``llama`` file experts (Mixtral: 2 used, of FFN size ``n_ff``); ``gemma4`` (3 layers: local,
+local, global with window 4; Q/K norms, value norms, post-norms, the global layer's
+proportional rope factors, layer output scales, final soft-cap 3; with ``n_expert``, a dense
+FFN beside the experts, their router scale, norms and output scales, ``gate_up_fused``
+giving their gate and up in one tensor); ``deepseek2`` goes to
 :func:`write_tiny_deepseek2` (latent attention, grouped and shared experts); ``sliding_window`` adds
 ``{arch}.attention.sliding_window`` (mistral-style files). ``write_tiny_bert`` writes a tiny random ``bert`` encoder.
 Only numpy and the GGUF writer are used: the file is byte-identical for a given seed, type,
@@ -64,12 +68,13 @@ _EXPONENTS: dict[GGMLType, tuple[tuple[int, int, int], ...]] = {
 }
 TINY_ARCHS = (
     "llama", "qwen2", "qwen3", "phi3", "gemma3", "smollm3", "qwen3moe", "gpt-oss", "gemma2",
-    "olmo2", "deepseek2",
+    "olmo2", "deepseek2", "gemma4",
 )  # fmt: skip
 # Variants of an architecture that run other stages: name -> (arch, builder options)
 TINY_VARIANTS: dict[str, tuple[str, dict]] = {
     "mixtral": ("llama", {"n_expert": 4}),
     "qwen3moe_router_f32": ("qwen3moe", {"router_f32": 1}),  # F32 router, quantized experts
+    "gemma4_moe": ("gemma4", {"n_expert": 4, "n_ff_exp": 64}),  # a dense FFN beside experts
 }
 # Cases compared with llama.cpp's logits and greedy text (tests/test_architectures.py,
 # fixtures from scripts/make_arch_fixtures.py): name -> (arch, builder options, n_ctx)
@@ -96,8 +101,16 @@ LLAMA_CPP_CASES: dict[str, tuple[str, dict, int]] = {
     # V2-Lite's layout: q without low rank (llama.cpp: only in files of 26 or 27 layers);
     # V3's router (with V2's, token 15 of the F32 file meets a near tie of two experts)
     "deepseek2_lite": ("deepseek2", {"q_lora": 0, "n_layer": 26}, 64),
+    # layers local, local, global (window 4); proportional rope factors on the global one
+    "gemma4": ("gemma4", {}, 64),
+    # 26B-A4B's layers: a dense GEGLU FFN beside 4 GEGLU experts of FFN size 64, 2 used
+    "gemma4_moe": ("gemma4", {"n_expert": 4, "n_ff_exp": 64}, 64),
+    # the experts' gate and up fused in ffn_gate_up_exps, as converted files have them
+    "gemma4_moe_fused": ("gemma4", {"n_expert": 4, "n_ff_exp": 64, "gate_up_fused": 1}, 64),
 }
 GEMMA2_SOFTCAPS = (1.0, 3.0)  # tiny gemma2: attention and final logit soft-caps
+GEMMA4_SWA = (True, True, False)  # tiny gemma4: its layers' sliding-window flags
+GEMMA4_SOFTCAP = 3.0  # and its final logit soft-cap
 PHI3_ORIG_CTX = 256  # phi3: rope.scaling.original_context_length (long factors above it)
 PHI3_N_CTX = 1024  # phi3: context_length
 TINY_SHAPE = {
@@ -114,6 +127,7 @@ TINY_SHAPE = {
     "router_f32": 0,  # 1: ffn_gate_inp in F32 (as converted files keep it), not weight_type
     "experts_type": -1,  # the experts' ggml type (-1: weight_type)
     "head_dim": 0,  # attention.key_length (0: the architecture's tiny default)
+    "gate_up_fused": 0,  # 1: the experts' gate and up in one ffn_gate_up_exps (gemma4)
 }
 
 
@@ -176,6 +190,7 @@ def write_tiny_llama(
         "smollm3": {"n_layer": 4},
         "qwen3moe": {"n_expert": 4, "n_ff_exp": 64},
         "gpt-oss": {"n_expert": 4, "n_ff_exp": 64},
+        "gemma4": {"n_layer": len(GEMMA4_SWA)},
     }.get(arch, {})
     if arch == "gpt-oss":
         rope = "yarn" if rope == "none" else rope
@@ -207,7 +222,7 @@ def _add_hparams(w, a: str, s: dict, hd: int, rope: str, sliding_window: int, at
         w.add(f"{a}.expert_used_count", s["n_expert_used"], GGUFValueType.UINT32)
     if s["n_ff_exp"]:
         w.add(f"{a}.expert_feed_forward_length", s["n_ff_exp"], GGUFValueType.UINT32)
-    if a in ("qwen3", "qwen3moe") or s["head_dim"]:
+    if a in ("qwen3", "qwen3moe", "gemma4") or s["head_dim"]:
         w.add(f"{a}.attention.key_length", hd, GGUFValueType.UINT32)
         w.add(f"{a}.attention.value_length", hd, GGUFValueType.UINT32)
     w.add(f"{a}.rope.dimension_count", hd, GGUFValueType.UINT32)
@@ -223,6 +238,9 @@ def _add_hparams(w, a: str, s: dict, hd: int, rope: str, sliding_window: int, at
         attn_cap, final_cap = GEMMA2_SOFTCAPS
         w.add(f"{a}.attn_logit_softcapping", attn_cap, GGUFValueType.FLOAT32)
         w.add(f"{a}.final_logit_softcapping", final_cap, GGUFValueType.FLOAT32)
+    if a == "gemma4":
+        sliding_window = sliding_window or 4
+        _add_gemma4_hparams(w, a, s, hd)
     if sliding_window:
         w.add(f"{a}.attention.sliding_window", sliding_window, GGUFValueType.UINT32)
     if a == "phi3":
@@ -233,6 +251,26 @@ def _add_hparams(w, a: str, s: dict, hd: int, rope: str, sliding_window: int, at
         w.add(f"{a}.rope.scaling.factor", 2.0 if rope == "linear" else 4.0, GGUFValueType.FLOAT32)
     if rope == "yarn":
         w.add(f"{a}.rope.scaling.original_context_length", 64, GGUFValueType.UINT32)
+
+
+def _add_gemma4_hparams(w, a: str, s: dict, hd: int) -> None:
+    """gemma4's own keys: the layers' window flags, the local layers' head size and rope
+    base, no shared KV layers, no per-layer embeddings, the final soft-cap."""
+    swa = [GEMMA4_SWA[i % len(GEMMA4_SWA)] for i in range(s["n_layer"])]
+    w.add(f"{a}.attention.sliding_window_pattern", swa, GGUFValueType.ARRAY, GGUFValueType.BOOL)
+    w.add(f"{a}.attention.key_length_swa", hd, GGUFValueType.UINT32)
+    w.add(f"{a}.attention.value_length_swa", hd, GGUFValueType.UINT32)
+    w.add(f"{a}.attention.shared_kv_layers", 0, GGUFValueType.UINT32)
+    w.add(f"{a}.embedding_length_per_layer_input", 0, GGUFValueType.UINT32)
+    w.add(f"{a}.rope.freq_base_swa", 1000.0, GGUFValueType.FLOAT32)
+    w.add(f"{a}.final_logit_softcapping", GEMMA4_SOFTCAP, GGUFValueType.FLOAT32)
+
+
+def gemma4_rope_freqs(hd: int, rotated: float = 0.25) -> np.ndarray:
+    """The converter's "proportional" rope factors of a global layer: 1 for the first
+    ``rotated`` of the pairs, 1e30 (no rotation) for the others."""
+    n = int(hd * rotated / 2)
+    return np.array([1.0] * n + [1e30] * (hd // 2 - n), np.float32)
 
 
 def _add_byte_vocab(w, v: int) -> None:
@@ -274,8 +312,10 @@ def _add_tensors(w, rng, t: GGMLType, arch: str, s: dict, hd: int, rope: str) ->
     for i in range(s["n_layer"]):
         _add_layer(f"blk.{i}.", arch, s, hd, mat, vec, norm, rng)
     vec("output_norm.weight", norm())
-    if arch != "gemma2":  # (gemma2: the output is token_embd)
+    if arch != "gemma2":  # (gemma2: the output is token_embd; gemma4's may be, not here)
         mat("output.weight", v, e)
+    if arch == "gemma4":
+        vec("rope_freqs.weight", gemma4_rope_freqs(hd))
     if rope == "llama3":
         vec("rope_freqs.weight", np.geomspace(1.0, 8.0, hd // 2).astype(np.float32))
     if arch == "phi3":
@@ -300,7 +340,7 @@ def _add_layer(p: str, arch: str, s: dict, hd: int, mat, vec, norm, rng) -> None
     if arch == "gpt-oss":
         for name, n in (("attn_q", qd), ("attn_k", kvd), ("attn_v", kvd)):
             vec(p + name + ".bias", _normal(rng, n))
-    if arch in ("qwen3", "qwen3moe", "gemma3"):
+    if arch in ("qwen3", "qwen3moe", "gemma3", "gemma4"):
         vec(p + "attn_q_norm.weight", norm(hd))
         vec(p + "attn_k_norm.weight", norm(hd))
     if arch == "olmo2":  # over the whole projections
@@ -310,21 +350,41 @@ def _add_layer(p: str, arch: str, s: dict, hd: int, mat, vec, norm, rng) -> None
     if arch == "gpt-oss":  # sinks of std 1: as large as the scores
         vec(p + "attn_output.bias", _normal(rng, e))
         vec(p + "attn_sinks.weight", 20.0 * _normal(rng, s["n_head"]))
-    if arch in ("gemma3", "gpt-oss", "gemma2", "olmo2"):
+    if arch in ("gemma3", "gpt-oss", "gemma2", "olmo2", "gemma4"):
         vec(p + "post_attention_norm.weight", norm())
     if arch not in ("gpt-oss", "olmo2"):
         vec(p + "ffn_norm.weight", norm())
-    if s["n_expert"]:
+    if s["n_expert"] and arch != "gemma4":
         _add_experts(p, s, mat, vec if arch == "gpt-oss" else None, rng)
     elif arch == "phi3":
         mat(p + "ffn_up.weight", 2 * f, e)
     else:
         mat(p + "ffn_gate.weight", f, e)
         mat(p + "ffn_up.weight", f, e)
-    if not s["n_expert"]:
+    if not s["n_expert"] or arch == "gemma4":
         mat(p + "ffn_down.weight", e, f)
-    if arch in ("gemma3", "gemma2", "olmo2"):
+    if arch == "gemma4" and s["n_expert"]:  # the dense FFN beside the experts
+        _add_gemma4_experts(p, s, mat, vec, norm, rng)
+    if arch in ("gemma3", "gemma2", "olmo2", "gemma4"):
         vec(p + "post_ffw_norm.weight", norm())
+    if arch == "gemma4":  # (in [0.5, 1.5])
+        vec(p + "layer_output_scale.weight", 1.0 + 10.0 * _normal(rng, 1))
+
+
+def _add_gemma4_experts(p: str, s: dict, mat, vec, norm, rng) -> None:
+    """gemma4's experts beside its dense FFN: the router and its input scale (std 0.5 around
+    1), the experts' norms, their matrices and output scales (in [0.5, 1.5])."""
+    e, n = s["n_embd"], s["n_expert"]
+    if s["gate_up_fused"]:  # (as the converter writes them: each expert's rows gate | up)
+        mat(p + "ffn_gate_inp.weight", n, e)
+        mat(p + "ffn_gate_up_exps.weight", 2 * s["n_ff_exp"], e, n)
+        mat(p + "ffn_down_exps.weight", e, s["n_ff_exp"], n)
+    else:
+        _add_experts(p, s, mat, None, rng)
+    vec(p + "ffn_gate_inp.scale", norm())
+    vec(p + "ffn_down_exps.scale", 1.0 + 10.0 * _normal(rng, n))
+    for name in ("pre_ffw_norm_2", "post_ffw_norm_1", "post_ffw_norm_2"):
+        vec(p + name + ".weight", norm(e))
 
 
 def _add_experts(p: str, s: dict, mat, vec, rng) -> None:

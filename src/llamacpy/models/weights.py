@@ -254,17 +254,19 @@ class WeightStore:
         self.matrices.append((m, info))
         return m
 
-    def experts(self, info: TensorInfo) -> Experts:
+    def experts(self, info: TensorInfo, r0: int = 0, n: int = 0) -> Experts:
         """A 3-D tensor as one matrix per expert (the rows of expert ``e`` are rows
-        ``e * nrows ..`` of the tensor seen as 2-D: ggml rows are contiguous)."""
+        ``e * nrows ..`` of the tensor seen as 2-D: ggml rows are contiguous); with ``n``,
+        rows ``r0 .. r0+n`` of each expert (a part of fused experts)."""
         if len(info.shape) != 3:
             raise ModelError(f"tensor {info.name!r} must be 3-D, has shape {info.shape}")
         ncols, nrows, n_expert = info.shape
+        n = n or nrows
         flat = replace(info, shape=(ncols, nrows * n_expert))
         first = len(self.matrices)
         for e in range(n_expert):
-            self.matrix(row_slice(flat, e * nrows, nrows))
-        return Experts(first, info.name, GGMLType(info.type), n_expert, nrows, ncols)
+            self.matrix(row_slice(flat, e * nrows + r0, n))
+        return Experts(first, info.name, GGMLType(info.type), n_expert, n, ncols)
 
     def vector(self, info: TensorInfo) -> Vector:
         """A 1-D F32 tensor, or a 2-D one as its rows one after another (experts' biases)."""

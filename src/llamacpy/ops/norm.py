@@ -82,3 +82,19 @@ def head_rms_norm(x, t, h0, h1, hd, w, eps):
         scale = _F32(1.0) / np.sqrt(mean + eps)
         for i in range(hd):
             x[t, b + i] = x[t, b + i] * scale * w[i]
+
+
+@njit(cache=True, inline="always")
+def head_rms_norm_plain(x, t, h0, h1, hd, eps):
+    """RMSNorm of each head ``x[t, h*hd : (h+1)*hd]`` (``h0 <= h < h1``) in place, no weight
+    (ggml ``rms_norm`` alone: gemma4's value norm)."""
+    for h in range(h0, h1):
+        b = h * hd
+        s = 0.0
+        for i in range(hd):
+            v = x[t, b + i]
+            s += np.float64(v * v)
+        mean = _F32(s / hd)
+        scale = _F32(1.0) / np.sqrt(mean + eps)
+        for i in range(hd):
+            x[t, b + i] = x[t, b + i] * scale

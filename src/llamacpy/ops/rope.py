@@ -33,6 +33,8 @@ class RopeParams:
     beta_fast: float = 32.0
     beta_slow: float = 1.0
     n_ctx_orig: int = 0
+    factors: bool = True  # False: the context's frequency factors are not applied (gemma4's
+    # sliding-window layers; its global layers take ``rope_freqs``)
 
     def corr_dims(self) -> tuple[float, float]:
         """ggml_rope_yarn_corr_dims (float32 arithmetic)."""
@@ -47,9 +49,9 @@ class RopeParams:
         return float(max(0, start)), float(min(self.n_rot - 1, end))
 
     def packed(self) -> np.ndarray:
-        """float32 [8]: theta_scale, freq_scale, ext_factor, attn_factor, corr0, corr1,
-        n_rot, neox -- the form the kernels take (no rotated dimensions: a model without
-        attention, theta_scale 1)."""
+        """float32 [9]: theta_scale, freq_scale, ext_factor, attn_factor, corr0, corr1,
+        n_rot, neox, factors -- the form the kernels take (no rotated dimensions: a model
+        without attention, theta_scale 1; factors 0: frequency factors ignored)."""
         exponent = -2.0 / self.n_rot if self.n_rot else 0.0
         theta_scale = _F32(math.pow(float(_F32(self.freq_base)), exponent))
         c0, c1 = self.corr_dims() if self.n_ctx_orig > 0 else (0.0, 0.0)
@@ -63,6 +65,7 @@ class RopeParams:
                 c1,
                 self.n_rot,
                 1.0 if self.neox else 0.0,
+                1.0 if self.factors else 0.0,
             ],
             dtype=_F32,
         )
@@ -71,7 +74,10 @@ class RopeParams:
 @njit(cache=True)
 def rope_cache(pos, rp, ff, cache):
     """cos/sin of position ``pos`` into ``cache[0:n_rot]`` (pairs cos, sin), as
-    ``ggml_rope_cache_init``; ``ff`` holds n_rot/2 frequency factors or is empty."""
+    ``ggml_rope_cache_init``; ``ff`` holds n_rot/2 frequency factors or is empty (or is
+    ignored: ``rp[8]`` 0)."""
+    if rp[8] == 0:
+        ff = ff[:0]
     theta_scale, freq_scale, ext_factor, mscale0 = rp[0], rp[1], rp[2], rp[3]
     corr0, corr1 = rp[4], rp[5]
     n_rot = np.int64(rp[6])
