@@ -470,10 +470,16 @@ def test_deepseek2_missing_or_misshapen_tensor_is_named(model_dir: Path, edit, m
     """A deepseek2 file with the older ``attn_kv_b``, without a tensor its layers need (q's
     low rank, the leading layer's dense FFN, the experts' router or shared experts), or
     with one of the wrong shape, is refused naming the tensor."""
+    _refused_with_tensors(tiny(model_dir, "deepseek2", GGMLType.F32), edit, match)
+
+
+def _refused_with_tensors(path: Path, edit: dict, match: str) -> None:
+    """``check_model`` refuses the file at ``path`` with its tensor shapes changed by ``edit``
+    (``None``: the tensor removed), with a :class:`ModelError` matching ``match``."""
     from llamacpy.models import check_model
     from llamacpy.models.weights import model_file
 
-    mf = model_file(tiny(model_dir, "deepseek2", GGMLType.F32))
+    mf = model_file(path)
     try:
         shapes = {t.name: t.shape for t in mf.tensors}
         edited = {k: v for k, v in (shapes | edit).items() if v is not None}
@@ -583,15 +589,5 @@ def test_gemma4_missing_or_misshapen_tensor_is_named(model_dir: Path, case, edit
     read from the keys are not run) or a tensor of its layers of experts, with a tensor of
     the wrong shape (the fused gate|up of the experts too), or with per-layer embeddings, is
     refused naming the tensor."""
-    from llamacpy.models import check_model
-    from llamacpy.models.weights import model_file
-
     arch, opts, _ = CASES[case]
-    mf = model_file(tiny(model_dir, arch, GGMLType.F32, **opts))
-    try:
-        shapes = {t.name: t.shape for t in mf.tensors}
-        edited = {k: v for k, v in (shapes | edit).items() if v is not None}
-        with pytest.raises(ModelError, match=match):
-            check_model(mf.metadata, edited)
-    finally:
-        mf.close()
+    _refused_with_tensors(tiny(model_dir, arch, GGMLType.F32, **opts), edit, match)
