@@ -1,7 +1,7 @@
 """Every KV-cache type llama.cpp allows (``-ctk``/``-ctv``): rows stored and read as ggml's
 ``from_float``/``to_float`` of the type, and the perplexity of both real models with each
 cache type against ``llama-perplexity``'s (fixtures: ``scripts/make_kv_cache_type_fixtures.py``)
-within 0.5%, with the same cache size report."""
+within 0.5% (in fact to its printed digits), with the same cache size report."""
 
 from __future__ import annotations
 
@@ -99,7 +99,8 @@ def test_perplexity_with_each_cache_type_matches_llama_perplexity(
     out, err = capsys.readouterr()
     assert code == 0, err
     ppl = float(re.search(r"Final estimate: PPL = (\d+\.\d+)", out)[1])
-    assert ppl == pytest.approx(case["ppl"], rel=0.005)
+    # (the issue's bound is 0.5%; every case gives llama.cpp's printed digits)
+    assert ppl == pytest.approx(case["ppl"], rel=1e-4)
     kv = sorted(set(re.findall(r"llama_kv_cache: size = .*", err)))
     if case["type_k"] == case["type_v"]:  # (mixed types: K and V rows share one stride here)
         assert kv == case["kv"]
