@@ -74,6 +74,18 @@ def row_bytes(t: int, hd: int) -> int:
 
 
 @njit(cache=True, inline="always")
+def _block_bytes(t):
+    """Bytes of one block of 32 values of block format ``t``."""
+    if t == KV_Q4_0:
+        return B_Q4_0
+    if t == KV_Q4_1:
+        return B_Q4_1
+    if t == KV_Q5_0:
+        return B_Q5_0
+    return B_Q5_1 if t == KV_Q5_1 else B_IQ4_NL
+
+
+@njit(cache=True, inline="always")
 def _q8_1(t):
     """The format's query type is q8_1 (a block min to multiply by ``d * sum(q)``)."""
     return t in (KV_Q4_1, KV_Q5_1)
@@ -178,8 +190,7 @@ def store(x, xo, hd, t, cache, co):
     elif t == KV_IQ4_NL:
         iq4_nl._quantize_row_ref_kernel(x[xo : xo + hd], cache[co : co + hd // QK * B_IQ4_NL])
     else:
-        bb = B_Q4_0 if t == KV_Q4_0 else B_Q4_1 if t == KV_Q4_1 else B_Q5_0
-        bb = B_Q5_1 if t == KV_Q5_1 else bb
+        bb = _block_bytes(t)
         for b in range(hd // QK):
             _store_block(x, xo + QK * b, t, cache, co + bb * b)
 
@@ -224,8 +235,7 @@ def load(cache, co, hd, t, out):
         for i in range(0, hd, 16):
             vstore_f32(out, i, vload_bf16(cache, co + 2 * i))
         return
-    bb = B_Q4_0 if t == KV_Q4_0 else B_Q4_1 if t == KV_Q4_1 else B_Q5_0
-    bb = B_Q5_1 if t == KV_Q5_1 else B_IQ4_NL if t == KV_IQ4_NL else bb
+    bb = _block_bytes(t)
     for b in range(hd // QK):
         q = out[QK * b : QK * b + QK]
         d, m = _block_ints(cache, co + bb * b, t, q)
@@ -326,8 +336,7 @@ def dot(qv, qq, kc, ko, hd, t, kq):
     if t == KV_BF16:
         return _dot_bf16(qv, kc, ko, hd, kq)
     nb = hd // QK
-    bb = B_Q4_0 if t == KV_Q4_0 else B_Q4_1 if t == KV_Q4_1 else B_Q5_0
-    bb = B_Q5_1 if t == KV_Q5_1 else B_IQ4_NL if t == KV_IQ4_NL else bb
+    bb = _block_bytes(t)
     a1, a2 = kq[32:40], kq[40:48]
     a1[:] = 0
     a2[:] = 0
