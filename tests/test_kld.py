@@ -242,7 +242,7 @@ def test_failed_run_leaves_no_file(tmp_path):
     target.write_bytes(b"old")
 
     class Failing(FakeCtx):  # fails on the third chunk, two written
-        def decode(self, batch):
+        def decode(self, batch, **kw):
             if len(self.batches) == 2:
                 raise RuntimeError("decode failed")
             return super().decode(batch)

@@ -45,7 +45,7 @@ class FakeCtx:
     def clear(self):
         self.cleared += 1
 
-    def decode(self, batch):
+    def decode(self, batch, **kw):
         if hasattr(batch, "arrays"):
             batch.arrays()
         token = [int(t) for t in batch.token]

@@ -108,6 +108,10 @@ class UBatch:
     pos: np.ndarray  # int32 [n]
     seq_id: np.ndarray  # int32 [n, k], -1 padded
     out_idx: np.ndarray  # int32 [n_out], tokens of this ubatch whose logits are wanted
+    # split_equal: the batch index of each token and the tokens per sequence (the size of
+    # ggml's attention rows: llama.cpp's kernel choice reads it)
+    src: np.ndarray | None = None
+    n_seq_tokens: int = 0
 
     @property
     def primary_seq(self) -> np.ndarray:
@@ -196,6 +200,53 @@ def check_batch(
                 f"sequence {s} continues at pos {int(p[0])}, but the cache holds it up to "
                 f"pos {expected - 1}: positions must stay consecutive (next pos {expected})"
             )
+
+
+def split_equal(batch: Batch, n_ubatch: int) -> list[UBatch]:
+    """llama.cpp's ``split_equal`` (sequential), what it uses for a batch of several
+    sequences when each sequence has its own cache stream (its default): each ubatch takes
+    a run of consecutive sequence ids, the next unused token of each in turn while all
+    have one and the ubatch has room, its tokens grouped by sequence. For tokens of one
+    sequence each (several: :func:`split_batch`)."""
+    batch.arrays()
+    n = len(batch)
+    seq = batch.seq_id[:, 0]
+    if batch.seq_id.shape[1] > 1 and np.any(batch.seq_id[:, 1:] >= 0):
+        return split_batch(batch, n_ubatch)
+    used = np.zeros(n, np.bool_)
+    order = np.argsort(seq, kind="stable")  # each sequence's tokens in batch order
+    starts = np.searchsorted(seq[order], distinct(seq))
+    by_seq = {int(seq[order[a]]): order[a:b] for a, b in zip(starts, [*starts[1:], n], strict=True)}
+    taken = dict.fromkeys(by_seq, 0)
+    out = []
+    while not used.all():
+        cur: list[int] = []
+        for i in np.nonzero(~used)[0]:
+            s = int(seq[i])
+            if (not cur or s == cur[-1] + 1) and s not in cur:
+                cur.append(s)
+                if len(cur) >= n_ubatch:
+                    break
+        k = 0
+        while all(taken[s] + k < len(by_seq[s]) for s in cur):
+            k += 1
+            if (k + 1) * len(cur) > n_ubatch:
+                break
+        idx = np.concatenate([by_seq[s][taken[s] : taken[s] + k] for s in cur])
+        for s in cur:
+            taken[s] += k
+        used[idx] = True
+        out.append(
+            UBatch(
+                token=batch.token[idx],
+                pos=batch.pos[idx],
+                seq_id=batch.seq_id[idx],
+                out_idx=np.nonzero(batch.logits[idx])[0].astype(np.int32),
+                src=idx,
+                n_seq_tokens=k,
+            )
+        )
+    return out
 
 
 def split_batch(batch: Batch, n_ubatch: int) -> list[UBatch]:

@@ -25,7 +25,7 @@ from ..models import load_model
 from ..models.common import UBatchArrays
 from ..ops.attention import KV_F16, KV_F32
 from ..ops.norm import rms_norm_numpy
-from .batch import Batch, UBatch, check_batch, distinct, split_batch
+from .batch import Batch, UBatch, check_batch, distinct, split_batch, split_equal
 from .embeddings import pool, resolve_pooling
 from .iswa import ISWACache
 from .kv_cache import KVCache
@@ -129,29 +129,40 @@ class Context:
             seq_pos_max=seq_pos_max,
         )
 
-    def decode(self, batch: Batch, *, single_numerics: bool = False) -> np.ndarray:
+    def decode(
+        self, batch: Batch, *, single_numerics: bool = False, equal_split: bool = False
+    ) -> np.ndarray:
         """Decode a batch; returns float32 logits ``[n_outputs, n_vocab]``.
 
         ``single_numerics``: every token's logits are computed with the arithmetic of a
         one-token decode (the batch-invariant matmul kernels, one-token attention for each
         row), so they equal what decoding the tokens one by one would give: the
         verification of proposed tokens in speculative decoding, whose greedy output then
-        equals plain decoding's."""
+        equals plain decoding's.
+
+        ``equal_split``: a batch of several sequences is cut into ubatches as llama.cpp
+        cuts it when each sequence has its own cache stream (``batch.split_equal``), and
+        the attention kernel is chosen by the tokens per sequence, as llama.cpp chooses it
+        then (llama-perplexity's and llama-imatrix's batches: the same arithmetic)."""
         with self._lock:
             kv = self.kv
             self._check(batch, kv.seq_pos_max)
             kv.apply_shift(
                 getattr(self.model, "rope_layers", self.model.rope), self._rope_factors()
             )
-            ubs = split_batch(batch, self.n_ubatch)
+            ubs = (split_equal if equal_split else split_batch)(batch, self.n_ubatch)
             try:
-                if len(ubs) == 1:
+                if len(ubs) == 1 and ubs[0].src is None:
                     return np.array(self._forward(ubs[0], single_numerics), copy=True)
                 out = np.empty((batch.n_outputs, self.n_vocab), np.float32)
+                rank = np.cumsum(batch.logits) - 1  # a token's row among the outputs
                 row = 0
                 for ub in ubs:
                     logits = self._forward(ub, single_numerics)
-                    out[row : row + len(logits)] = logits
+                    if ub.src is None:
+                        out[row : row + len(logits)] = logits
+                    else:
+                        out[rank[ub.src[ub.out_idx]]] = logits
                     row += len(logits)
                 return out
             except BaseException:
@@ -175,10 +186,13 @@ class Context:
             return self._forward_single(ub)
         sl = kv.prepare(ub, ordered=det)
         nth = self.n_threads if n == 1 else self.n_threads_batch
+        rows = ub.n_seq_tokens or n  # (the attention's rows per sequence stream; ggml's
+        if rows == 1 < n:  # one-token split of the cache is for a single stream)
+            rows = _TILED_MIN_TOKENS - 1
         arrays = UBatchArrays(
             ub.token, ub.pos, sl.cells, sl.mask, sl.n_kv, ub.out_idx,
             sl.cells_swa, sl.mask_swa, sl.n_kv_swa,
-            self._mode(n, sl.n_kv), self._mode(n, sl.n_kv_swa), sl.order, sl.order_swa,
+            self._mode(rows, sl.n_kv), self._mode(rows, sl.n_kv_swa), sl.order, sl.order_swa,
             sl.rows,
         )  # fmt: skip
         return self.model.forward(self.ws, arrays, kv.forward_arrays(), nth, det)

@@ -60,11 +60,17 @@ def eval_chunks(
     n_chunk: int,
     bos: int | None,
     on_first_pass: Callable[[float, int, int], None] | None = None,
+    outputs: str = "scored",
 ) -> Iterator[tuple[int, np.ndarray]]:
     """llama-perplexity's evaluation loop: chunks of ``n_ctx`` tokens, ``n_seq`` side by
     side as separate sequences, ``n_batch`` tokens of each per decode, the first token of
     each chunk replaced by ``bos`` (when not None). Yields ``(chunk, logits)`` with the
-    logits of positions ``n_ctx/2 .. n_ctx-2`` (the rows that predict the scored tokens)."""
+    logits of positions ``n_ctx/2 .. n_ctx-2`` (the rows that predict the scored tokens).
+    ``outputs``: the tokens whose logits are computed: ``"scored"`` those only (as
+    llama-perplexity), ``"all"`` every token (as llama-imatrix)."""
+    if outputs not in ("scored", "all"):
+        raise ValueError(f"outputs must be 'scored' or 'all', not {outputs!r}")
+    every = outputs == "all"
     first = n_ctx // 2
     num_batches = (n_ctx + n_batch - 1) // n_batch
     for i in range(0, n_chunk, n_seq):
@@ -84,8 +90,8 @@ def eval_chunks(
                     if bos is not None and j == 0 and k == 0:
                         tok = bos
                     pos = j * n_batch + k
-                    batch.add(int(tok), pos, seq, pos >= first)
-            out = ctx.decode(batch)
+                    batch.add(int(tok), pos, seq, every or pos >= first)
+            out = ctx.decode(batch, equal_split=True)  # (ubatches as llama.cpp's)
             # outputs come in batch order: sequence by sequence
             per_seq = batch.n_outputs // n_seq_batch
             for seq in range(n_seq_batch):
@@ -94,7 +100,8 @@ def eval_chunks(
         if i == 0 and on_first_pass is not None:
             on_first_pass(time.perf_counter() - t0, n_chunk, n_seq)
         for seq in range(n_seq_batch):
-            yield i + seq, np.concatenate(rows[seq])[: n_ctx - 1 - first]
+            got = np.concatenate(rows[seq])
+            yield i + seq, got[first : n_ctx - 1] if every else got[: n_ctx - 1 - first]
 
 
 def perplexity(
