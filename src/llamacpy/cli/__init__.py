@@ -29,6 +29,7 @@ SUBCOMMANDS = [
     "gguf",
     "models",
     "quantize",
+    "imatrix",
     "tokenize",
     "embed",
     "convert",
@@ -36,7 +37,7 @@ SUBCOMMANDS = [
 # commands that end their start-up themselves (``api.model.load_model`` turns the collector
 # back on once the model has loaded; quantize once its kernels are imported); the others
 # get it back before they run
-_START_WITH_MODEL = {"run", "chat", "perplexity", "quantize"}
+_START_WITH_MODEL = {"run", "chat", "perplexity", "quantize", "imatrix"}
 
 
 class _Parser(argparse.ArgumentParser):

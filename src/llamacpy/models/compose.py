@@ -98,7 +98,7 @@ def launch(worker, fmask, n_threads, MA, LT, WT, UB, KV, S, STATE, bar):
     W, WD, NF, RP, FF = WT
     tokens, pos, cells, cells_swa, mask, mask_swa, out_idx, ui, order, order_swa = UB
     KC, VC, KCs, VCs, kvi = KV
-    X, XN, Q, KN, VN, ATT, G, U, RL, SEL, WTS, EO, ER, A, AP, XP, LOG, TS, prof = S
+    X, XN, Q, KN, VN, ATT, G, U, RL, SEL, WTS, EO, ER, A, AP, XP, LOG, TS, prof, IM = S
     a0, a1, a2, a3, a4, a5, a6, a7 = A
     p0, p1, p2, p3, p4, p5, p6, p7 = AP
     s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12 = TS
@@ -110,7 +110,7 @@ def launch(worker, fmask, n_threads, MA, LT, WT, UB, KV, S, STATE, bar):
             (KC, VC, KCs, VCs, kvi),
             (X, XN, Q, KN, VN, ATT, G, U, RL, SEL, WTS, EO, ER, (a0, a1, a2, a3, a4, a5, a6, a7),
              (p0, p1, p2, p3, p4, p5, p6, p7), XP, LOG,
-             (s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12), prof),
+             (s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12), prof, IM),
             STATE, bar,
         )  # fmt: skip
 

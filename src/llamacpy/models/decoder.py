@@ -31,6 +31,7 @@ from ..ops.threads import new_barrier
 from . import stages
 from .backend import Backend, backend
 from .common import RopeOverrides, UBatchArrays, lazy_zeros, rope_params
+from .imatrix import ImatrixSums, collecting_block
 from .rank_head import load_rank_head
 from .spec import Fused, Param, Tensor, check_tensors, read_hparams, shape_of
 from .weights import Experts, Matrix, TensorSource, Vector, WeightStore, row_slice
@@ -278,6 +279,7 @@ class Decoder:
         self.rope_swa = self.rope_swa_params(md, rope)
         self.backend = be
         self.forward_kernel = be.forward_kernel(self.block)
+        self.imatrix: ImatrixSums | None = None  # see collect_imatrix
         self._pack()
 
     def _pack(self) -> None:
@@ -341,6 +343,19 @@ class Decoder:
         self.fmask = format_mask(traits.supported_types())
         self.fmask_invariant = FormatSet(traits.supported_types(), invariant=True)
 
+    def collect_imatrix(self) -> ImatrixSums:
+        """From now on every forward also adds the squares of each matmul input to the
+        returned sums (llama-imatrix's statistics; :mod:`.imatrix`). :class:`ModelError`
+        for a block whose matmuls are not all collected."""
+        block = collecting_block(self.block, self.arch)
+        hp = self.hparams
+        n_ff = max(hp.n_ff, int(self.layer_table["n_ff"].max()))  # (layers' own sizes)
+        width = max(hp.n_embd, hp.n_head * hp.n_embd_head_k, n_ff)
+        self.imatrix = ImatrixSums.new(hp.n_layer, width)
+        self.block = block  # (this model's from now on)
+        self.forward_kernel = self.backend.forward_kernel(block)
+        return self.imatrix
+
     # ------------------------------------------------------------------ running
     def workspace(self, n_tokens: int, n_threads: int) -> Workspace:
         return self.backend.workspace(Workspace, self.hparams, n_tokens, n_threads)
@@ -380,15 +395,19 @@ class Decoder:
             (W, WD, NF, self.rope_arr, self.rope_factors(int(kv_arrays[-1][3]))),
             ubt,
             kv_arrays,
-            ws.scratch(),
+            (*ws.scratch(), _NO_IMATRIX if self.imatrix is None else self.imatrix.sums),
             ws.state,
             ws.barrier,
         )
         self.backend.run(self.forward_kernel, args, st, n_threads)
+        if self.imatrix is not None:
+            n_tok = len(ub.tokens)
+            self.imatrix.count(n_tok, n_out if 0 < n_out < n_tok else n_tok, n_out)
         return ws.logits[:n_out, : self.hparams.n_vocab]
 
 
 _NO_ORDER = np.zeros(0, np.int32)  # attend cells in cell order
+_NO_IMATRIX = np.zeros((1, 1), np.float32)  # the forward's sums when none are collected
 # The Gated DeltaNet sizes of the model row (hp.extra; 0: no recurrent layers)
 SSM_KEYS = ("ssm_d_conv", "ssm_d_state", "ssm_n_group", "ssm_dt_rank", "ssm_d_inner")
 # The expert groups and latent attention sizes of the model row (hp.extra; 0: none)

@@ -93,7 +93,7 @@ class Reference:
     """A model's numpy forward; dequantized weights are kept for repeated passes."""
 
     def __init__(self, model: Decoder) -> None:
-        self.stages = stage_functions(type(model).block)
+        self.stages = stage_functions(model.block)  # (the collecting block, when switched)
         self.model = model
         self.M = model.model_row[0]
         st = model.store
@@ -764,6 +764,50 @@ def mamba2_out(r: Reference, p: Pass, L) -> None:
     p.x = _residual(r, p.x, r.mm(L["ssm_out"], normed.reshape(len(p.att), inner).astype(_F32)))
 
 
+def _collect(r: Reference, a: np.ndarray, L, slot: int) -> None:
+    """imatrix: the squares of the input rows ``a`` added, row by row in float32, to row
+    ``IM_SLOTS * layer + slot`` of ``r.imatrix`` (when the reference has such sums;
+    llama-imatrix skips matmuls of under 16 rows)."""
+    from .stages import IM_MIN_ROWS, IM_SLOTS
+
+    im = getattr(r, "imatrix", None)
+    if im is None or len(a) < IM_MIN_ROWS:
+        return
+    acc = im[IM_SLOTS * int(L["index"]) + slot, : a.shape[1]]
+    for row in np.asarray(a, _F32):
+        acc += row * row
+
+
+def im_qkv_in(r: Reference, p: Pass, L) -> None:
+    """imatrix: the input of attn_q/k/v."""
+    _collect(r, p.h, L, 0)
+
+
+def im_qkv_x(r: Reference, p: Pass, L) -> None:
+    """imatrix: the input of attn_q/k/v (no pre-attention norm: x itself)."""
+    _collect(r, p.h, L, 0)
+
+
+def im_out_in(r: Reference, p: Pass, L) -> None:
+    """imatrix: the input of attn_output."""
+    _collect(r, p.att, L, 1)
+
+
+def im_ffn_in(r: Reference, p: Pass, L) -> None:
+    """imatrix: the input of ffn_gate/ffn_up."""
+    _collect(r, p.h, L, 2)
+
+
+def im_ffn_x(r: Reference, p: Pass, L) -> None:
+    """imatrix: the input of ffn_gate/ffn_up (no pre-FFN norm: x itself)."""
+    _collect(r, p.h, L, 2)
+
+
+def im_down_in(r: Reference, p: Pass, L) -> None:
+    """imatrix: the input of ffn_down."""
+    _collect(r, p.g, L, 3)
+
+
 Stage = Callable[[Reference, Pass, np.void], None]
 # stage name (as in an architecture's block) -> its numpy function
 STAGES: dict[str, Stage] = {
@@ -823,5 +867,11 @@ STAGES: dict[str, Stage] = {
         ffn_router_in,
         ffn_pre_norm_2,
         ffn_down_post_norms,
+        im_qkv_in,
+        im_qkv_x,
+        im_out_in,
+        im_ffn_in,
+        im_ffn_x,
+        im_down_in,
     )
 }

@@ -198,14 +198,15 @@ STATE_DTYPE = np.dtype([("n_rows", np.int64)] + [
 # token and selected expert: row t * n_expert_used + j); RL router logits / probabilities,
 # SEL, WTS each token's selected experts and their weights, EO the selected experts' outputs
 # (rows as G), ER per thread those rows grouped by expert; A, AP activation buffers (shared, private per thread); XP private rows; LOG
-# logits; TS per-thread attention scratch; prof cycles per stage.
+# logits; TS per-thread attention scratch; prof cycles per stage; IM the importance-matrix
+# sums (the im_* stages; one row otherwise).
 # The KV cache a layer kind uses (global, sliding-window): flat K and V cells, the cell of
 # each token, the mask, the cells attended, the attention kernel, the bytes between heads.
 KVPart = namedtuple("KVPart", "KC VC cells mask n_kv mode hstride order")
 Ctx = namedtuple(
     "Ctx",
     "fmask tid nth M W WD NF RP FF tokens pos out_idx n_tok n_out kv kv_swa k_type v_type "
-    "rowb kvi X XN Q KN VN ATT G U RL SEL WTS EO ER A AP XP LOG TS prof bar st",
+    "rowb kvi X XN Q KN VN ATT G U RL SEL WTS EO ER A AP XP LOG TS prof IM bar st",
 )
 
 
@@ -240,7 +241,7 @@ def context(fmask, tid, nth, MA, WT, UB, KV, S, STATE, bar):
     W, WD, NF, RP, FF = WT
     tokens, pos, cells, cells_swa, mask, mask_swa, out_idx, ui, order, order_swa = UB
     KC, VC, KCs, VCs, kvi = KV
-    X, XN, Q, KN, VN, ATT, G, U, RL, SEL, WTS, EO, ER, A, AP, XP, LOG, TS, prof = S
+    X, XN, Q, KN, VN, ATT, G, U, RL, SEL, WTS, EO, ER, A, AP, XP, LOG, TS, prof, IM = S
     rowb = kvi[2]
     st = STATE[tid]
     st.n_rows = ui[0]
@@ -249,7 +250,7 @@ def context(fmask, tid, nth, MA, WT, UB, KV, S, STATE, bar):
         KVPart(KC, VC, cells, mask, ui[1], ui[2], kvi[3] * rowb, order),
         KVPart(KCs, VCs, cells_swa, mask_swa, ui[4], ui[5], kvi[4] * rowb, order_swa),
         kvi[0], kvi[1], rowb, kvi, X, XN, Q, KN, VN, ATT, G, U, RL, SEL, WTS, EO, ER, A, AP, XP, LOG,
-        TS, prof, bar, st,
+        TS, prof, IM, bar, st,
     )  # fmt: skip
 
 
@@ -1417,6 +1418,69 @@ def mamba2_out(c, L, clk):
     return _proj_residual(c, L.ssm_out, NONE, P_OUT_PROJ, clk)
 
 
+# ----------------------------------------------------------------------------- imatrix
+# The im_* stages add the squares of a matmul input to the importance-matrix sums (row
+# ``IM_SLOTS * layer + slot`` of ``IM``; the model's output is the row after the layers'),
+# as llama-imatrix does for every matmul of 16 rows or more: token by token, in float32.
+IM_QKV, IM_OUT, IM_FFN, IM_DOWN = range(4)
+IM_SLOTS = 4
+IM_MIN_ROWS = 16
+
+
+@njit(cache=True, inline="always")
+def _collect(c, src, k, row, clk):
+    """``IM[row, j] += src[t, j]^2`` for the ubatch rows ``t`` in order (threads split the
+    columns ``j < k``)."""
+    n = c.st.n_rows
+    if n < IM_MIN_ROWS:
+        return clk
+    j0, j1 = split(k, c.tid, c.nth)
+    acc = c.IM[row]
+    for t in range(n):
+        for j in range(j0, j1):
+            x = src[t, j]
+            acc[j] += x * x
+    return _sync(c, clk)
+
+
+@njit(cache=True)
+def im_qkv_in(c, L, clk):
+    """imatrix: the input of attn_q/k/v (the normed rows, after attn_norm)."""
+    return _collect(c, c.XN, c.M.n_embd, IM_SLOTS * L.index + IM_QKV, clk)
+
+
+@njit(cache=True)
+def im_qkv_x(c, L, clk):
+    """imatrix: the input of attn_q/k/v in a block without a pre-attention norm (x)."""
+    return _collect(c, c.X, c.M.n_embd, IM_SLOTS * L.index + IM_QKV, clk)
+
+
+@njit(cache=True)
+def im_out_in(c, L, clk):
+    """imatrix: the input of attn_output (the attention's output rows)."""
+    k = c.M.n_head * c.M.head_dim
+    return _collect(c, c.ATT, k, IM_SLOTS * L.index + IM_OUT, clk)
+
+
+@njit(cache=True)
+def im_ffn_in(c, L, clk):
+    """imatrix: the input of ffn_gate/ffn_up (the normed rows, after ffn_norm)."""
+    return _collect(c, c.XN, c.M.n_embd, IM_SLOTS * L.index + IM_FFN, clk)
+
+
+@njit(cache=True)
+def im_ffn_x(c, L, clk):
+    """imatrix: the input of ffn_gate/ffn_up in a block without a pre-FFN norm (x)."""
+    return _collect(c, c.X, c.M.n_embd, IM_SLOTS * L.index + IM_FFN, clk)
+
+
+@njit(cache=True)
+def im_down_in(c, L, clk):
+    """imatrix: the input of ffn_down (the gated activation)."""
+    n_ff = L.n_ff if L.n_ff > 0 else c.M.n_ff
+    return _collect(c, c.G, n_ff, IM_SLOTS * L.index + IM_DOWN, clk)
+
+
 @njit(cache=True)
 def head(c, clk):
     """Logits of the output rows: ``rms_norm(x) * output_norm . output`` (soft-capped;
@@ -1439,6 +1503,12 @@ def head(c, clk):
         rms_norm(c.XN, o0, o1, n_embd, onorm, M.eps, c.XN)
         prepare_acts(c.XN, o0, o1, n_embd, M.need_output, c.A)
         clk = _sync(c, tick(c.prof, tid, P_HEAD, clk))
+        if c.IM.shape[0] > IM_SLOTS * M.n_layer and n_out >= IM_MIN_ROWS:  # imatrix
+            j0, j1 = split(n_embd, tid, c.nth)
+            acc = c.IM[IM_SLOTS * M.n_layer]
+            for t in range(n_out):
+                for j in range(j0, j1):
+                    acc[j] += c.XN[t, j] * c.XN[t, j]
         ha, hb, AH = 0, n_out, c.A
     g0, g1 = split((c.WD[M.output, 2] + 15) // 16, tid, c.nth)
     matmul_sel(c.fmask, c.W, c.WD[M.output], AH, ha, hb, g0, g1, c.LOG, 0, False)

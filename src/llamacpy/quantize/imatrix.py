@@ -174,3 +174,121 @@ def _load_legacy(path: str) -> ImportanceMatrix:
                     buf[pos : pos + n].split(b"\0", 1)[0].decode("utf-8", "surrogateescape"),
                 )
     return ImportanceMatrix(path, data, datasets, chunk_count, is_legacy=True)
+
+
+@dataclass(frozen=True)
+class RawImatrix:
+    """An imatrix file's raw statistics, as llama-imatrix loads them to combine
+    (``--in-file``): ``entries[name] = (sums [n_mat, n] float32, counts [n_mat] int64)``.
+    A legacy file's averages are turned back into sums and counts of ``chunk_size``-token
+    chunks, as llama-imatrix does."""
+
+    path: str
+    entries: dict[str, tuple[np.ndarray, np.ndarray]]
+    datasets: tuple[str, ...]
+    is_legacy: bool
+
+
+def load_imatrix_raw(path: str | os.PathLike[str], chunk_size: int) -> RawImatrix:
+    """Read an imatrix file's sums and counts (GGUF or legacy; see :func:`load_imatrix`
+    for the checks)."""
+    p = os.fspath(path)
+    im = load_imatrix(p)  # checks the file whole (format, sizes, finite values)
+    entries: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    if im.is_legacy:
+        for name, ncall, sums in _legacy_entries(p):
+            n = max(ncall, 0)
+            entries[name] = (
+                (sums * np.float32(chunk_size))[None, :].astype(np.float32),
+                np.array([n * chunk_size], np.int64),
+            )
+        return RawImatrix(p, entries, im.datasets, True)
+    with GGUFReader(p) as reader:
+        tensors = {t.name: t for t in reader.tensors}
+        for name in im.data:
+            s = np.array(tensors[name + SUFFIX_SUMS].data, np.float32).reshape(-1)
+            c = tensors[name + SUFFIX_COUNTS].data.reshape(-1).astype(np.float64)
+            c = (np.sign(c) * np.floor(np.abs(c) + 0.5)).astype(np.int64)  # lround
+            entries[name] = (s.reshape(c.size, -1), c)
+    return RawImatrix(p, entries, im.datasets, False)
+
+
+def _legacy_entries(path: str) -> Iterable[tuple[str, int, np.ndarray]]:
+    """(name, ncall, stored values) of a legacy file already checked by
+    :func:`_load_legacy`."""
+    with open(path, "rb") as f:
+        buf = f.read()
+    (n_entries,) = struct.unpack_from("<i", buf, 0)
+    pos = 4
+    for _ in range(n_entries):
+        (n,) = struct.unpack_from("<i", buf, pos)
+        name = buf[pos + 4 : pos + 4 + n].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+        pos += 4 + n
+        ncall, nval = struct.unpack_from("<ii", buf, pos)
+        pos += 8
+        yield name, ncall, np.frombuffer(buf, "<f4", nval, pos).astype(np.float32)
+        pos += 4 * nval
+
+
+def save_imatrix(
+    path: str | os.PathLike[str],
+    entries: dict[str, tuple[np.ndarray, np.ndarray]],
+    datasets: Iterable[str],
+    chunk_count: int,
+    chunk_size: int,
+) -> None:
+    """Write a GGUF imatrix as llama-imatrix writes it (atomically): ``general.type``,
+    the ``imatrix.*`` keys, then per matrix in name order ``NAME.in_sum2`` (F32, ne =
+    [n, n_mat]) and ``NAME.counts`` (F32, ne = [1, n_mat]). Entries whose counts are all
+    zero are left out."""
+    from ..gguf.writer import GGUFWriter
+
+    w = GGUFWriter(path)
+    w.add("general.type", "imatrix")
+    w.add(KEY_DATASETS, list(datasets), GGUFValueType.ARRAY, GGUFValueType.STRING)
+    w.add(KEY_CHUNK_COUNT, int(chunk_count), GGUFValueType.UINT32)
+    w.add(KEY_CHUNK_SIZE, int(chunk_size), GGUFValueType.UINT32)
+    for name in sorted(entries):
+        sums, counts = entries[name]
+        sums = np.ascontiguousarray(sums, np.float32).reshape(len(counts), -1)
+        if not np.any(counts):
+            continue
+        n_mat = len(counts)
+        w.add_tensor(name + SUFFIX_SUMS, GGMLType.F32, (sums.shape[1], n_mat), sums)
+        cf = np.asarray(counts, np.float32).reshape(n_mat, 1)
+        w.add_tensor(name + SUFFIX_COUNTS, GGMLType.F32, (1, n_mat), cf)
+    w.write()
+
+
+def save_imatrix_legacy(
+    path: str | os.PathLike[str],
+    entries: dict[str, tuple[np.ndarray, np.ndarray]],
+    dataset: str,
+    chunk_count: int,
+    chunk_size: int,
+) -> None:
+    """Write the legacy ``.dat`` format as llama-imatrix's ``--output-format dat``
+    (atomically): per entry in name order ``ncall`` = the largest count in chunks (rounded
+    up) and ``sums / count * ncall`` (1 where the count is 0); then the chunk count and the
+    dataset."""
+    from ..fileio import atomic_write
+
+    chunk_size = max(1, int(chunk_size))
+    out = [b""]
+    names = [n for n in sorted(entries) if np.any(entries[n][1])]
+    out.append(struct.pack("<i", len(names)))
+    for name in names:
+        sums, counts = entries[name]
+        counts = np.asarray(counts, np.int64)
+        sums = np.asarray(sums, np.float32).reshape(len(counts), -1)
+        raw = name.encode("utf-8", "surrogateescape")
+        ncall = int((counts.max() + chunk_size - 1) // chunk_size)
+        out.append(struct.pack("<i", len(raw)) + raw + struct.pack("<ii", ncall, sums.size))
+        cf = counts.astype(np.float32)[:, None]
+        value = np.where(cf == 0, np.float32(1), sums)
+        cf = np.where(cf == 0, np.float32(1), cf)
+        out.append(((value / cf) * np.float32(ncall)).astype("<f4").tobytes())
+    ds = dataset.encode("utf-8", "surrogateescape")
+    out.append(struct.pack("<ii", int(chunk_count), len(ds)) + ds)
+    with atomic_write(path) as f:
+        f.write(b"".join(out))

@@ -1,0 +1,231 @@
+"""Importance matrices as ``llama-imatrix`` computes them.
+
+The text is tokenized once (BOS per the vocabulary; special tokens parsed with
+``parse_special``) and cut into chunks of ``n_ctx`` tokens, evaluated as llama-perplexity
+evaluates them (``eval.perplexity.eval_chunks``: ``n_batch // n_ctx`` chunks side by side,
+the first token of each replaced by BOS), with every token's logits requested (so that the
+last layer keeps all rows, as llama-imatrix's batches do). The model's collecting forward
+(``models.imatrix``) adds the squares of each matmul input to per-matrix sums; the
+perplexity of each chunk's second half is reported along the way (``[1]x,[2]y,...``).
+
+:class:`ImatrixStats` holds what a GGUF imatrix file holds (raw sums and counts per
+matrix), is combined with earlier files (``--in-file``) and written by
+``quantize.imatrix.save_imatrix``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import ModelError, UsageError
+from .perplexity import chunk_nll, eval_chunks, n_seq_for
+
+_BLK = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
+OUTPUT = "output.weight"
+
+
+@dataclass
+class ImatrixStats:
+    """Raw statistics per matrix: ``sums[name]`` float32 ``[n_mat, n]`` (squares of the
+    inputs summed), ``counts[name]`` int64 ``[n_mat]`` (rows summed), the datasets and the
+    chunks they came from."""
+
+    sums: dict[str, np.ndarray] = field(default_factory=dict)
+    counts: dict[str, np.ndarray] = field(default_factory=dict)
+    datasets: list[str] = field(default_factory=list)
+
+    def add(self, name: str, sums: np.ndarray, counts: np.ndarray) -> None:
+        """Add one matrix's sums and counts (a file's, or a run's) to these."""
+        sums = np.asarray(sums, np.float32).reshape(len(counts), -1)
+        counts = np.asarray(counts, np.int64)
+        have = self.sums.get(name)
+        if have is None:
+            self.sums[name], self.counts[name] = sums.copy(), counts.copy()
+            return
+        if have.shape[1] != sums.shape[1]:
+            raise UsageError(
+                f"imatrix entry {name!r}: {sums.shape[1]} values per matrix where earlier "
+                f"data has {have.shape[1]}"
+            )
+        if have.shape[0] != sums.shape[0]:
+            if have.shape[0] == 1 and np.all(self.counts[name] == self.counts[name][0]):
+                have = np.repeat(have, sums.shape[0], 0)
+                self.counts[name] = np.repeat(self.counts[name], sums.shape[0])
+            elif sums.shape[0] == 1:
+                sums, counts = np.repeat(sums, have.shape[0], 0), np.repeat(counts, have.shape[0])
+            else:
+                raise UsageError(
+                    f"imatrix entry {name!r}: {sums.shape[0]} matrices where earlier data "
+                    f"has {have.shape[0]}"
+                )
+        self.sums[name] = have + sums
+        self.counts[name] = self.counts[name] + counts
+
+    def chunk_count(self, chunk_size: int) -> int:
+        """Chunks the statistics amount to (llama-imatrix's: the largest count over the
+        chunk size)."""
+        m = max((int(c.max()) for c in self.counts.values() if c.size), default=0)
+        return m // max(1, chunk_size)
+
+
+def collect_imatrix(model: Any) -> Any:
+    """The model's :class:`~llamacpy.models.imatrix.ImatrixSums`, its collecting forward
+    switched on at the first call (:class:`ModelError` for a model it cannot collect)."""
+    if getattr(model, "imatrix", None) is not None:
+        return model.imatrix
+    if not hasattr(model, "collect_imatrix"):
+        arch = getattr(model, "arch", "") or type(model).__name__
+        raise ModelError(f"imatrix: the {arch} architecture has no decoder to collect from")
+    return model.collect_imatrix()
+
+
+def matrix_rows(
+    shapes: Mapping[str, tuple[int, ...]], n_layer: int, process_output: bool
+) -> dict[str, tuple[int, int, int]]:
+    """name -> (layer, slot, input width) for the model's matrices the collecting forward
+    sums the inputs of (``shapes``: every tensor's shape in ggml order, ``ne[0]`` first)."""
+    from ..models.imatrix import SLOT_TENSORS
+
+    slot_of = {t: s for s, names in SLOT_TENSORS.items() for t in names}
+    out = {}
+    for name, shape in shapes.items():
+        m = _BLK.fullmatch(name)
+        if m and len(shape) == 2 and m.group(2) in slot_of and int(m.group(1)) < n_layer:
+            out[name] = (int(m.group(1)), slot_of[m.group(2)], int(shape[0]))
+    if process_output and OUTPUT in shapes:
+        out[OUTPUT] = (n_layer, 0, int(shapes[OUTPUT][0]))
+    return out
+
+
+@dataclass
+class ImatrixRun:
+    ppl: float | None
+    ppl_err: float | None
+    n_chunks: int
+    seconds_per_pass: float = 0.0
+
+
+def compute_imatrix(
+    ctx: Any,
+    tokenizer: Any,
+    text: str | bytes,
+    shapes: Mapping[str, tuple[int, ...]],
+    stats: ImatrixStats,
+    *,
+    n_ctx: int,
+    n_batch: int,
+    n_chunks: int = -1,
+    skip_chunks: int = 0,
+    parse_special: bool = False,
+    compute_ppl: bool = True,
+    process_output: bool = False,
+    on_chunk: Callable[[int, float | None], None] | None = None,
+    on_first_pass: Callable[[float, int, int], None] | None = None,
+    on_save: Callable[[int], None] | None = None,
+) -> ImatrixRun:
+    """Run llama-imatrix's collection over ``text`` with an engine context sized for
+    ``n_batch // n_ctx`` chunks side by side; the sums are added to ``stats``.
+
+    ``on_chunk(i, running_ppl)`` after each chunk (``None`` without ``compute_ppl``);
+    ``on_save(chunks)`` whenever the statistics have grown by whole chunks (the caller
+    decides whether to write them)."""
+    if n_ctx <= 0:
+        raise UsageError("imatrix needs -c/--ctx-size > 0")
+    n_batch = min(n_batch, ctx.n_batch)
+    if not (n_batch < n_ctx or n_batch % n_ctx == 0):
+        raise UsageError(
+            f"n_batch ({n_batch}) must be smaller than n_ctx ({n_ctx}) or a multiple of it"
+        )
+    model = ctx.model
+    hp = model.hparams
+    rows = matrix_rows(shapes, hp.n_layer, process_output)
+    im = collect_imatrix(model)  # (ModelError before any compute)
+    tokens = np.asarray(
+        tokenizer.encode(text, add_special=True, parse_special=parse_special), np.int64
+    )
+    if skip_chunks > 0:
+        if (skip_chunks + 2) * n_ctx >= len(tokens):
+            raise UsageError(
+                f"there will be not enough tokens left after removing {skip_chunks} chunks"
+            )
+        tokens = tokens[skip_chunks * n_ctx :]
+    if len(tokens) < 2 * n_ctx:
+        raise UsageError(
+            f"you need at least {2 * n_ctx} tokens for a context of {n_ctx} tokens; the "
+            f"text tokenizes to only {len(tokens)} tokens"
+        )
+    n_seq = n_seq_for(n_ctx, n_batch)
+    n_chunk_max = len(tokens) // n_ctx
+    n_chunk = n_chunk_max if n_chunks < 0 else min(n_chunks, n_chunk_max)
+    if n_chunk == 0:
+        raise UsageError("--chunks 0: nothing to evaluate")
+    base_sums = {k: (v.copy(), c.copy()) for k, v, c in _items(stats)}
+    first = n_ctx // 2
+    nll = nll2 = 0.0
+    count = 0
+    seconds = 0.0
+
+    def first_pass(s: float, n: int, k: int) -> None:
+        nonlocal seconds
+        seconds = s
+        if on_first_pass is not None:
+            on_first_pass(s, n, k)
+
+    def refresh() -> None:
+        _fold(stats, base_sums, im, rows)
+
+    bos = tokenizer.bos if tokenizer.add_bos else None
+    done = 0
+    for c, logits in eval_chunks(ctx, tokens, n_ctx=n_ctx, n_batch=n_batch, n_seq=n_seq,
+                                 n_chunk=n_chunk, bos=bos, on_first_pass=first_pass,
+                                 outputs="all"):  # fmt: skip
+        ppl = None
+        if compute_ppl:
+            base = c * n_ctx + first
+            v = chunk_nll(logits, tokens[base + 1 : base + n_ctx - first])
+            nll += float(v.sum())
+            nll2 += float((v * v).sum())
+            count += len(v)
+            ppl = math.exp(nll / count)
+        if on_chunk is not None:
+            on_chunk(c + 1, ppl)
+        if on_save is not None and ((c + 1) % n_seq == 0 or c + 1 == n_chunk):
+            refresh()  # (after each pass)
+            total = stats.chunk_count(n_ctx)
+            if total > done:
+                on_save(total)
+            done = total
+    refresh()
+    if not compute_ppl or count < 2:
+        return ImatrixRun(None, None, n_chunk, seconds)
+    mean, mean2 = nll / count, nll2 / count
+    var = mean2 - mean * mean
+    err = math.sqrt(var / (count - 1)) * math.exp(mean) if var > 0 else float("nan")
+    return ImatrixRun(math.exp(mean), err, n_chunk, seconds)
+
+
+def _items(stats: ImatrixStats):
+    for k, v in stats.sums.items():
+        yield k, v, stats.counts[k]
+
+
+def _fold(stats: ImatrixStats, base: dict, im: Any, rows: dict) -> None:
+    """``stats`` = what it held before the run + the model's sums so far."""
+    from ..models.imatrix import ImatrixSums
+
+    assert isinstance(im, ImatrixSums)
+    for name, (layer, slot, k) in rows.items():
+        r = im.row(layer, slot)
+        if im.counts[r] == 0:
+            continue
+        stats.sums.pop(name, None)
+        stats.counts.pop(name, None)
+        if name in base:
+            stats.sums[name], stats.counts[name] = base[name][0].copy(), base[name][1].copy()
+        stats.add(name, im.sums[r, :k][None, :], np.array([im.counts[r]], np.int64))

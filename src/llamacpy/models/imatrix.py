@@ -1,0 +1,119 @@
+"""Importance-matrix collection: a block's forward that also sums the squares of every
+matmul input, as llama-imatrix's callback does.
+
+llama-imatrix adds, for every weight matrix ``blk.N.*`` that multiplies 16 rows or more,
+``x[j]^2`` of each input row to that matrix's sums (float32, row after row) and counts the
+rows. The matrices that read one input (attn_q, attn_k, attn_v) get the same sums, so the
+collecting forward keeps one row of sums per (layer, input): :func:`collecting_block` puts
+an ``im_*`` stage (:mod:`.stages`) where each input is complete, and :class:`ImatrixSums`
+names the matrices of each row. The model's output matrix (``--process-output``) reads the
+final norm's rows: the head sums those when the sums have a row for it.
+
+Blocks whose matmuls have no collector yet (mixture-of-experts, recurrent and latent
+attention layers) are refused by name before any compute.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ModelError
+from . import stages
+from .spec import Branch
+
+# stage -> the collector that runs right after it (its output is a matmul's input)
+COLLECT_AFTER = {
+    "attn_norm": "im_qkv_in",
+    "attn_in": "im_qkv_x",
+    "ffn_norm": "im_ffn_in",
+    "ffn_in": "im_ffn_x",
+    "ffn_post_attn_norm": "im_ffn_in",
+    "ffn_swiglu": "im_down_in",
+    "ffn_geglu": "im_down_in",
+}
+# stage -> the collector that runs right before it (it reads the attention's output)
+COLLECT_BEFORE = {
+    "out_proj": "im_out_in",
+    "out_proj_post_norm": "im_out_in",
+    "out_proj_bias": "im_out_in",
+}
+# stages whose matmuls read an input collected above, or that run no matmul
+COVERED = {
+    "qkv",
+    "qkv_bias",
+    "qk_norm",
+    "v_norm",
+    "qk_norm_full",
+    "rope",
+    "scale_q",
+    "kv_store",
+    "attention",
+    "out_rows",
+    "ffn_down",
+    "ffn_down_post_norm",
+    "layer_scale",
+}
+# the tensors (``blk.N.<name>.weight``) that read each row's input
+SLOT_TENSORS = {
+    stages.IM_QKV: ("attn_q", "attn_k", "attn_v", "attn_qkv"),
+    stages.IM_OUT: ("attn_output",),
+    stages.IM_FFN: ("ffn_gate", "ffn_up"),
+    stages.IM_DOWN: ("ffn_down",),
+}
+
+
+def collecting_block(block: tuple, arch: str = "") -> tuple:
+    """``block`` with the collectors inserted; :class:`ModelError` for a stage whose
+    matmul inputs are not collected."""
+    out: list = []
+    for el in block:
+        name = el.flag if isinstance(el, Branch) else el
+        if isinstance(el, Branch) or not (
+            name in COLLECT_AFTER or name in COLLECT_BEFORE or name in COVERED
+        ):
+            what = f"the {arch} block" if arch else "this block"
+            raise ModelError(
+                f"imatrix: {what} runs {name!r}, whose matmul inputs are not collected yet "
+                "(mixture-of-experts, recurrent and latent-attention layers are not supported)"
+            )
+        if name in COLLECT_BEFORE:
+            out.append(COLLECT_BEFORE[name])
+        out.append(name)
+        if name in COLLECT_AFTER:
+            out.append(COLLECT_AFTER[name])
+    return tuple(out)
+
+
+@dataclass
+class ImatrixSums:
+    """The sums the collecting forward adds to (``sums[IM_SLOTS * layer + slot, :k]``, the
+    output's row last) and the rows counted for each."""
+
+    sums: np.ndarray  # float32 [IM_SLOTS * n_layer + 1, width]
+    counts: np.ndarray  # int64, per row of sums
+    n_layer: int
+
+    @classmethod
+    def new(cls, n_layer: int, width: int) -> ImatrixSums:
+        n = stages.IM_SLOTS * n_layer + 1
+        return cls(np.zeros((n, width), np.float32), np.zeros(n, np.int64), n_layer)
+
+    def count(self, n_tokens: int, n_ffn_rows: int, n_out: int) -> None:
+        """Count one ubatch: ``n_tokens`` rows in every matmul but the last layer's FFN
+        (``n_ffn_rows``: the output rows the last layer keeps) and the output (``n_out``);
+        matmuls of under 16 rows are not collected."""
+        lo = stages.IM_MIN_ROWS
+        if n_tokens >= lo:
+            self.counts[:-1] += n_tokens
+        last = stages.IM_SLOTS * (self.n_layer - 1)
+        for slot in (stages.IM_FFN, stages.IM_DOWN):
+            self.counts[last + slot] += (n_ffn_rows if n_ffn_rows >= lo else 0) - (
+                n_tokens if n_tokens >= lo else 0
+            )
+        if n_out >= lo:
+            self.counts[-1] += n_out
+
+    def row(self, layer: int, slot: int) -> int:
+        return stages.IM_SLOTS * layer + slot

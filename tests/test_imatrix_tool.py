@@ -1,0 +1,207 @@
+"""``llamacpy imatrix`` against llama-imatrix (fixtures/quantize/imatrix_tool.json, made by
+scripts/make_imatrix_fixtures.py): the same entries, counts and sums (within 1e-5 relative:
+every value of the first and last layer, the total of every entry) and perplexity, on both
+real models; combining files (``--in-file``), the legacy ``dat`` output, llama.cpp's
+ubatch split for parallel sequences, and refusals."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llamacpy import cli
+from llamacpy.engine.batch import Batch, split_equal
+from llamacpy.errors import ModelError
+from llamacpy.eval.imatrix import ImatrixStats
+from llamacpy.quantize.imatrix import load_imatrix, load_imatrix_raw, save_imatrix
+
+FIX = json.loads(
+    (Path(__file__).parent / "fixtures" / "quantize" / "imatrix_tool.json").read_text()
+)
+ENGINE = Path(__file__).parent / "fixtures" / "engine"
+
+
+def _run(args: list[str], capsys) -> tuple[int, str, str]:
+    rc = cli.main(args)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.mark.parametrize("case", FIX["cases"], ids=[c["model"] for c in FIX["cases"]])
+def test_matches_llama_imatrix(case, tmp_path, capsys, request):
+    path = request.getfixturevalue("smollm2_path" if "smol" in case["model"] else "gemma3_path")
+    out = tmp_path / "imatrix.gguf"
+    rc, stdout, _ = _run(["imatrix", "-m", str(path), "-f", str(ENGINE / case["text"]),
+                          *case["args"], "-o", str(out)], capsys)  # fmt: skip
+    assert rc == 0
+    assert f"Final estimate: PPL = {case['ppl']:.4f}" in stdout
+    raw = load_imatrix_raw(out, 512)
+    assert sorted(raw.entries) == sorted(case["entries"])
+    assert raw.datasets == (str(ENGINE / case["text"]),)
+    for name, want in case["entries"].items():
+        sums, counts = raw.entries[name]
+        assert counts.tolist() == [want["count"]], name
+        total = float(sums.astype(np.float64).sum())
+        assert total == pytest.approx(want["total"], rel=1e-5), name
+        if "sums" in want:
+            ref = np.frombuffer(base64.b64decode(want["sums"]), "<f4").reshape(sums.shape)
+            np.testing.assert_allclose(sums, ref, rtol=1e-5, atol=0, err_msg=name)
+    # the file reads back as llama-quantize reads it: sums / count
+    im = load_imatrix(out)
+    name = next(iter(case["entries"]))
+    sums, counts = raw.entries[name]
+    np.testing.assert_allclose(im.data[name], (sums / np.float32(counts[0])).reshape(-1))
+
+
+def test_in_file_combines_and_dat_output(tmp_path, capsys, smollm2_path):
+    text = ENGINE / "text.txt"
+    a = tmp_path / "a.gguf"
+    rc, _, _ = _run(["imatrix", "-m", str(smollm2_path), "-f", str(text), "-c", "128",
+                     "--chunks", "3", "--no-ppl", "-o", str(a)], capsys)  # fmt: skip
+    assert rc == 0
+    first = load_imatrix_raw(a, 128)
+    assert all(c.tolist() == [3 * 128] for _, c in first.entries.values())
+    # no -f: the files are only combined (no model)
+    both = tmp_path / "both.gguf"
+    rc, _, _ = _run(["imatrix", "--in-file", f"{a},{a}", "-o", str(both)], capsys)
+    assert rc == 0
+    two = load_imatrix_raw(both, 128)
+    assert two.datasets == first.datasets * 2
+    for name, (s, c) in first.entries.items():
+        np.testing.assert_array_equal(two.entries[name][0], s + s)
+        assert two.entries[name][1].tolist() == [2 * int(c[0])]
+    # the legacy format: averages times the chunks, read back the same way
+    dat = tmp_path / "a.dat"
+    rc, _, _ = _run(["imatrix", "--in-file", str(a), "-c", "128", "--output-format", "dat",
+                     "-o", str(dat)], capsys)  # fmt: skip
+    assert rc == 0
+    legacy, gguf = load_imatrix(dat), load_imatrix(a)
+    assert legacy.is_legacy and sorted(legacy.data) == sorted(gguf.data)
+    for name, v in gguf.data.items():
+        np.testing.assert_allclose(legacy.data[name], v, rtol=1e-6)
+    back = load_imatrix_raw(dat, 128)  # sums and counts again (llama-imatrix's reading)
+    for name, (s, c) in first.entries.items():
+        np.testing.assert_allclose(back.entries[name][0], s, rtol=1e-5)
+        assert back.entries[name][1].tolist() == c.tolist()
+
+
+def test_output_frequency_writes_during_the_run(tmp_path, capsys, smollm2_path):
+    out = tmp_path / "im.gguf"
+    rc, _, _ = _run(["imatrix", "-m", str(smollm2_path), "-f", str(ENGINE / "text.txt"),
+                     "-c", "128", "-b", "256", "--chunks", "4", "--no-ppl", "-ofreq", "1",
+                     "--save-frequency", "2", "-o", str(out)], capsys)  # fmt: skip
+    assert rc == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["im.gguf", "im.gguf.at_2", "im.gguf.at_4"]
+    assert load_imatrix(out).chunk_count == 4
+    assert load_imatrix(tmp_path / "im.gguf.at_2").chunk_count == 2
+
+
+def test_refusals(tmp_path, capsys, smollm2_path):
+    rc, _, err = _run(["imatrix", "-o", str(tmp_path / "x.gguf")], capsys)
+    assert rc == 1 and "no prompt" in err
+    short = tmp_path / "short.txt"
+    short.write_text("just a few words")
+    rc, _, err = _run(["imatrix", "-m", str(smollm2_path), "-f", str(short), "-o",
+                       str(tmp_path / "x.gguf")], capsys)  # fmt: skip
+    assert rc == 1 and "you need at least 1024 tokens" in err
+    rc, _, err = _run(["imatrix", "--in-file", str(tmp_path / "missing.gguf")], capsys)
+    assert rc == 1 and "missing.gguf" in err
+    assert not (tmp_path / "x.gguf").exists()
+
+
+def test_moe_block_is_refused_before_compute(tmp_path):
+    from llamacpy.models import imatrix as mi
+    from llamacpy.models.qwen3moe import Qwen3MoEModel
+
+    with pytest.raises(ModelError, match="ffn_router"):
+        mi.collecting_block(Qwen3MoEModel.block, "qwen3moe")
+    block = mi.collecting_block(("attn_norm", "qkv", "out_proj", "ffn_norm", "ffn_swiglu",
+                                 "ffn_down"))  # fmt: skip
+    assert block == ("attn_norm", "im_qkv_in", "qkv", "im_out_in", "out_proj", "ffn_norm",
+                     "im_ffn_in", "ffn_swiglu", "im_down_in", "ffn_down")  # fmt: skip
+
+
+def test_split_equal_is_llama_cpps():
+    """16 sequences of 128 tokens, ubatches of 512: 4 ubatches of 32 tokens of each (grouped by
+    sequence); a run of sequence ids stops at a gap; outputs land in batch order."""
+    b = Batch()
+    for s in range(16):
+        for p in range(128):
+            b.add(s * 1000 + p, p, s, True)
+    ubs = split_equal(b, 512)
+    assert [len(u) for u in ubs] == [512] * 4 and all(u.n_seq_tokens == 32 for u in ubs)
+    assert ubs[1].token[:3].tolist() == [32, 33, 34] and ubs[1].token[32] == 1032
+    assert sorted(np.concatenate([u.src for u in ubs]).tolist()) == list(range(16 * 128))
+    gap = Batch()
+    for s, n in ((0, 5), (1, 3), (3, 4)):
+        for p in range(n):
+            gap.add(s, p, s, False)
+    ubs = split_equal(gap, 512)
+    assert [(len(u), u.n_seq_tokens) for u in ubs] == [(6, 3), (2, 2), (4, 4)]
+
+
+def test_save_imatrix_layout(tmp_path):
+    stats = ImatrixStats()
+    stats.add("blk.0.ffn_down.weight", np.arange(8, dtype=np.float32), np.array([4]))
+    stats.add("blk.0.attn_q.weight", np.ones(4, np.float32), np.array([2]))
+    stats.add("blk.0.attn_q.weight", np.ones(4, np.float32), np.array([2]))
+    p = tmp_path / "s.gguf"
+    save_imatrix(p, {k: (v, stats.counts[k]) for k, v in stats.sums.items()}, ["d.txt"], 1, 2)
+    from llamacpy.gguf.reader import GGUFReader
+
+    with GGUFReader(p) as r:
+        assert [t.name for t in r.tensors] == [
+            "blk.0.attn_q.weight.in_sum2", "blk.0.attn_q.weight.counts",
+            "blk.0.ffn_down.weight.in_sum2", "blk.0.ffn_down.weight.counts",
+        ]  # fmt: skip
+        assert r.tensors[0].shape == (4, 1) and r.tensors[1].shape == (1, 1)
+        assert r.get("general.type") == "imatrix" and r.get("imatrix.chunk_size") == 2
+    assert (
+        load_imatrix(p).data["blk.0.attn_q.weight"].tolist() == [0.5] * 4
+    )  # sums 1 + 1, counts 2 + 2
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "olmo2"])
+def test_collected_sums_match_the_reference(arch, tmp_path, monkeypatch):
+    """Every dense block's collectors against ``models/reference.py``'s (tiny F32 models: the
+    same inputs up to float order), the sums and counts of a 40-token prompt in ubatches of
+    32 and 8 (the second under llama-imatrix's 16-row floor: not collected), and of the
+    last layer's FFN, which sees only the output rows."""
+    from llamacpy.engine import Context, ContextParams
+    from llamacpy.gguf import GGMLType
+    from llamacpy.models.reference import Reference
+    from llamacpy.models.tiny import write_tiny_llama
+
+    path = tmp_path / f"{arch}.gguf"
+    write_tiny_llama(path, GGMLType.F32, seed=3, arch=arch)
+    ctx = Context(path, ContextParams(n_ctx=64, n_batch=64, n_ubatch=32, n_threads=2))
+    im = ctx.model.collect_imatrix()
+    ref = Reference(ctx.model)
+    ref.imatrix = np.zeros_like(im.sums)
+    compiled = ctx.model.forward
+
+    def both(ws, ub, kv, n_threads, deterministic=False):
+        copies = {id(a): a.copy() for a in kv[:4]}
+        ref.forward(ub, (*(copies[id(a)] for a in kv[:4]), kv[4]), n_threads)
+        return compiled(ws, ub, kv, n_threads, deterministic)
+
+    monkeypatch.setattr(ctx.model, "forward", both)
+    tokens = np.random.default_rng(1).integers(3, 250, 40).tolist()
+    batch = Batch()
+    for i, t in enumerate(tokens):
+        batch.add(t, i, 0, i >= 20)  # 20 outputs: the last layer's FFN runs 12 + 8 rows
+    ctx.decode(batch)
+    n_layer = ctx.model.hparams.n_layer
+    want = np.full(4 * n_layer + 1, 32)
+    want[4 * (n_layer - 1) + 2 : 4 * n_layer] = 0  # (12 output rows in the first ubatch)
+    want[-1] = 0
+    assert im.counts.tolist() == want.tolist()
+    assert np.abs(im.sums).max() > 0
+    # within test_reference's bound on logits: 2e-3 of each row's largest (f16 cache rows,
+    # float order), a collector on the wrong input is off by far more
+    bound = 2e-3 * np.abs(ref.imatrix).max(axis=1, keepdims=True)
+    assert (np.abs(im.sums - ref.imatrix) <= bound).all()
