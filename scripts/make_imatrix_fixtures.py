@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Record ``llama-imatrix`` on both real models (dev-only; needs the llama.cpp oracle) for
 ``tests/test_imatrix_tool.py``: the final perplexity, every entry's count and the float64
-total of its sums, and the sums themselves (float32, base64) of the first and last layer.
+total of its sums, the sums themselves (float32, base64) of the first and last layer, and
+the ``--show-statistics`` report of the file.
 
     .venv/bin/python scripts/make_imatrix_fixtures.py [--bin DIR]
 
@@ -51,6 +52,17 @@ def main() -> int:
                                 "-o", str(out)], capture_output=True, text=True, check=True)  # fmt: skip
             ppl = float(re.search(r"Final estimate: PPL = (\d+\.\d+)", r.stdout + r.stderr)[1])
             raw = load_imatrix_raw(out, 512)
+            # (its logger's thread sometimes loses the last lines at exit: the longest of
+            # five runs; its log lines' timestamps and level removed)
+            runs = [subprocess.run([f"{args.bin}/llama-imatrix", "-m",
+                                    str(resolve_model(case["model"])), "--show-statistics",
+                                    "--in-file", str(out)],
+                                   capture_output=True, text=True, check=True).stderr
+                    for _ in range(5)]  # fmt: skip
+            log = max(runs, key=len)
+            lines = [re.sub(r"^\d+\.\d+\.\d+\.\d+ [IWE] ", "", ln) for ln in log.split("\n")]
+            start = next(i for i, ln in enumerate(lines) if ln.startswith("Computing statistics"))
+            statistics = "\n".join(lines[start - 1 :]).rstrip("\n") + "\n"
         entries = {}
         for name, (sums, counts) in sorted(raw.entries.items()):
             e = {"count": int(counts[0]), "total": float(sums.astype(np.float64).sum())}
@@ -58,7 +70,7 @@ def main() -> int:
             if m and int(m[1]) in case["layers"]:
                 e["sums"] = base64.b64encode(sums.astype("<f4").tobytes()).decode()
             entries[name] = e
-        cases.append({**case, "ppl": ppl, "entries": entries})
+        cases.append({**case, "ppl": ppl, "entries": entries, "statistics": statistics})
         print(case["model"], ppl, len(entries), "entries")
     with atomic_write(OUT) as f:
         f.write((json.dumps({"cases": cases}, indent=1) + "\n").encode())

@@ -1,7 +1,8 @@
 """``llamacpy imatrix`` against llama-imatrix (fixtures/quantize/imatrix_tool.json, made by
 scripts/make_imatrix_fixtures.py): the same entries, counts and sums (within 1e-5 relative:
 every value of the first and last layer, the total of every entry) and perplexity, on both
-real models; combining files (``--in-file``), the legacy ``dat`` output, llama.cpp's
+real models, and its ``--show-statistics`` report; combining files (``--in-file``), the
+legacy ``dat`` output, llama.cpp's
 ubatch split for parallel sequences, and refusals."""
 
 from __future__ import annotations
@@ -23,6 +24,17 @@ FIX = json.loads(
     (Path(__file__).parent / "fixtures" / "quantize" / "imatrix_tool.json").read_text()
 )
 ENGINE = Path(__file__).parent / "fixtures" / "engine"
+
+
+def _fields(line: str) -> list:
+    """A statistics line's fields: numbers as floats (``%`` dropped), words as they are."""
+    out = []
+    for f in line.replace("%", "").split("\t"):
+        try:
+            out.append(float(f))
+        except ValueError:
+            out.append(f.strip())
+    return out
 
 
 def _run(args: list[str], capsys) -> tuple[int, str, str]:
@@ -50,6 +62,17 @@ def test_matches_llama_imatrix(case, tmp_path, capsys, request):
         if "sums" in want:
             ref = np.frombuffer(base64.b64decode(want["sums"]), "<f4").reshape(sums.shape)
             np.testing.assert_allclose(sums, ref, rtol=1e-5, atol=0, err_msg=name)
+    # llama-imatrix's --show-statistics report of its file, line for line
+    rc, stdout, _ = _run(["imatrix", "--show-statistics", "--in-file", str(out)], capsys)
+    assert rc == 0
+    got, want = stdout.rstrip("\n").splitlines(), case["statistics"].splitlines()
+    assert got[1] == f"Computing statistics for {out} ({len(case['entries'])} tensors)"
+    assert len(got) == len(want) > len(case["entries"])
+    for g, w in zip(got[2:], want[2:], strict=True):  # (a last printed digit may round
+        fg, fw = _fields(g), _fields(w)  # apart: float order)
+        assert [f for f in fg if isinstance(f, str)] == [f for f in fw if isinstance(f, str)], w
+        nums = [f for f in fg if not isinstance(f, str)]
+        assert nums == pytest.approx([f for f in fw if not isinstance(f, str)], rel=1e-4, abs=0.011)
     # the file reads back as llama-quantize reads it: sums / count
     im = load_imatrix(out)
     name = next(iter(case["entries"]))
@@ -108,6 +131,8 @@ def test_refusals(tmp_path, capsys, smollm2_path):
     rc, _, err = _run(["imatrix", "-m", str(smollm2_path), "-f", str(short), "-o",
                        str(tmp_path / "x.gguf")], capsys)  # fmt: skip
     assert rc == 1 and "you need at least 1024 tokens" in err
+    rc, _, err = _run(["imatrix", "--show-statistics"], capsys)
+    assert rc == 1 and "a single imatrix file" in err
     rc, _, err = _run(["imatrix", "--in-file", str(tmp_path / "missing.gguf")], capsys)
     assert rc == 1 and "missing.gguf" in err
     assert not (tmp_path / "x.gguf").exists()

@@ -50,6 +50,8 @@ def _imatrix(args: argparse.Namespace) -> int:
         text = text[:-1] if text.endswith(b"\n") else text
     stats = ImatrixStats()
     err = sys.stderr
+    if args.show_statistics:
+        return _show_statistics(args)
     for f in _in_files(args.in_file):
         print(f"imatrix: loading imatrix from '{f}'", file=err)
         raw = load_imatrix_raw(f, args.ctx_size)
@@ -65,6 +67,26 @@ def _imatrix(args: argparse.Namespace) -> int:
     if not args.model:
         raise UsageError("imatrix needs -m/--model to compute from -f")
     return _compute(args, text, stats)
+
+
+def _show_statistics(args: argparse.Namespace) -> int:
+    from ..eval.imatrix import ImatrixStats, imatrix_statistics
+    from ..quantize.imatrix import load_imatrix_raw
+
+    files = _in_files(args.in_file)
+    if len(files) != 1:
+        raise UsageError(
+            "a single imatrix file (--in-file) is required to compute tensor statistics"
+        )
+    stats = ImatrixStats()
+    for name, (sums, counts) in load_imatrix_raw(files[0], args.ctx_size).entries.items():
+        stats.add(name, sums, counts)
+    lines = imatrix_statistics(stats)
+    n = sum(1 for line in lines[2:] if line and not line.startswith("\n") and "\t" in line)
+    print(f"\nComputing statistics for {files[0]} ({len(stats.sums)} tensors)")
+    print("\n".join(lines))
+    print()
+    return 0 if n else 1
 
 
 def _compute(args: argparse.Namespace, text: bytes, stats) -> int:
@@ -166,6 +188,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ppl", dest="ppl", action="store_true", default=True,
                    help="compute perplexity (default)")  # fmt: skip
     p.add_argument("--no-ppl", dest="ppl", action="store_false", help="do not compute perplexity")
+    p.add_argument("--show-statistics", action="store_true",
+                   help="print the statistics of the one --in-file and exit")  # fmt: skip
     p.add_argument("--parse-special", action="store_true",
                    help="parse special tokens in the text")  # fmt: skip
     p.add_argument("--no-mmap", dest="mmap", action="store_false", help="read, do not map")

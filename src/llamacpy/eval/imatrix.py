@@ -229,3 +229,90 @@ def _fold(stats: ImatrixStats, base: dict, im: Any, rows: dict) -> None:
         if name in base:
             stats.sums[name], stats.counts[name] = base[name][0].copy(), base[name][1].copy()
         stats.add(name, im.sums[r, :k][None, :], np.array([im.counts[r]], np.int64))
+
+
+def _f32_sum(a: np.ndarray) -> np.float32:
+    """A float32 sum in order (``std::accumulate`` with a float start)."""
+    return np.cumsum(a, dtype=np.float32)[-1] if len(a) else np.float32(0)
+
+
+def _tensor_stats(name: str, sums: np.ndarray, counts: np.ndarray) -> dict | None:
+    """llama-imatrix's statistics of one entry (float32 throughout, as its code)."""
+    rows = [sums[i] / np.float32(c) for i, c in enumerate(counts.tolist()) if c != 0]
+    if not rows:
+        return None
+    act = np.concatenate(rows).astype(np.float32)
+    n = np.float32(len(act))
+    total = _f32_sum(act)
+    mean = np.float32(total / n)
+    var = np.float32(_f32_sum(act * act) / n) - np.float32(mean * mean)
+    dev = np.float32(np.sqrt(max(np.float32(0), var)))
+    active = np.float32(1) - np.float32(np.count_nonzero(np.abs(act) <= np.float32(1e-5))) / n
+    entropy = np.float32(0)
+    if total > 0:
+        p = (act / total).astype(np.float32)
+        p = p[p > 0]
+        # entropy -= p * log2f(p) in order (log2 correctly rounded to float32)
+        lg = np.log2(p.astype(np.float64)).astype(np.float32)
+        entropy = -_f32_sum((p * lg).astype(np.float32))
+    zd = 0
+    if dev > 0:
+        zd = int(np.count_nonzero(((act - mean) / dev).astype(np.float32) > 1))
+    m = re.search(r"blk\.(\d+)\.", name)
+    parts = name.split(".")
+    short = next((parts[i - 1] for i in range(1, len(parts)) if parts[i] == "weight"), name)
+    return {
+        "name": name, "layer": m[1] if m else "-", "short": short, "block": int(m[1]) if m else -1,
+        "total": total, "mean": mean, "max": act.max(), "min": act.min(), "dev": dev,
+        "active": active, "n": len(act), "entropy": entropy, "zd": np.float32(zd / len(act)),
+        "values": np.asarray(sums, np.float32).reshape(-1), "cossim": np.float32(0),
+    }  # fmt: skip
+
+
+def imatrix_statistics(stats: ImatrixStats) -> list[str]:
+    """llama-imatrix's ``--show-statistics`` report of one file's statistics: a line per
+    tensor (sum, min, max, mean, deviation of the per-column averages of ``x^2``, the share
+    of active columns, their entropy, the share more than one deviation above the mean, the
+    cosine similarity with the same tensor of the layer before), then per layer the
+    averages weighted by the tensors' sizes."""
+    ts = [t for k in stats.sums if (t := _tensor_stats(k, stats.sums[k], stats.counts[k]))]
+    by_name = {t["name"]: t for t in ts}
+    for t in ts:
+        if t["block"] < 0:
+            continue
+        prev = by_name.get(re.sub(r"blk\.\d+\.", f"blk.{t['block'] - 1}.", t["name"], count=1))
+        if prev is not None:
+            a, b = t["values"], prev["values"]
+            dp = _f32_sum((a * b).astype(np.float32))
+            mags = np.sqrt(_f32_sum(a * a)) * np.sqrt(_f32_sum(b * b))
+            t["cossim"] = np.float32(dp / np.float32(mags))
+    ts.sort(key=lambda t: (t["short"], -t["total"]))
+    head = ("\n Layer\t       Tensor\t          Σ(Act²)\t  Min\t            Max\t           μ\t"
+            "   σ\t % Active\tN\t   Entropy\tE (norm)\tZD\t  CosSim")  # fmt: skip
+    out = [head, "=" * 169]
+    layers: dict[int, list] = {}
+    for t in ts:
+        n = t["n"]
+        e_norm = 100.0 * (float(t["entropy"]) / math.log2(n)) if n > 0 else 0.0  # (double)
+        out.append(
+            f"{t['layer']:>5}\t{t['short']:<20}\t{t['total']:10.2f}\t{t['min']:8.4f}\t"
+            f"{t['max']:11.4f}\t{t['mean']:6.2f}\t{t['dev']:6.2f}\t{t['active'] * 100:8.2f}%\t"
+            f"{n:6d}\t{t['entropy']:10.4f}\t{e_norm:6.2f}%\t{100 * t['zd']:10.2f}%\t"
+            f"{t['cossim']:8.4f}"
+        )
+        w = layers.setdefault(t["block"], [np.float32(0)] * 3 + [0])
+        w[0] += np.float32(n * t["total"])
+        w[1] += np.float32(n * t["zd"])
+        w[2] += np.float32(n * t["cossim"])
+        w[3] += n
+    blocks = sorted(k for k in layers if k >= 0)
+    out += [f"\nComputing weighted average statistics per layer ({len(blocks)} layers)",
+            "\n  Layer\t     μΣ(Act²)\t      μZD\tμCosSim",
+            "================================================"]  # fmt: skip
+    for k in blocks:
+        w = layers[k]
+        if w[3]:
+            out.append(
+                f"{k:5d}\t{w[0] / w[3]:14.2f}\t{100 * (w[1] / w[3]):10.4f}%\t{w[2] / w[3]:6.4f}"
+            )
+    return out

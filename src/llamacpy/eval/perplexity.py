@@ -100,7 +100,7 @@ def eval_chunks(
         if i == 0 and on_first_pass is not None:
             on_first_pass(time.perf_counter() - t0, n_chunk, n_seq)
         for seq in range(n_seq_batch):
-            got = np.concatenate(rows[seq])
+            got = rows[seq][0] if len(rows[seq]) == 1 else np.concatenate(rows[seq])
             yield i + seq, got[first : n_ctx - 1] if every else got[: n_ctx - 1 - first]
 
 
