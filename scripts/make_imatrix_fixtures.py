@@ -8,7 +8,8 @@ the ``--show-statistics`` report of the file.
 
 Cases: SmolLM2 over ``tests/fixtures/engine/text.txt`` with ``-c 128`` (20 chunks: a pass
 of 16 sequences side by side, then one of 4, so both of llama.cpp's attention kernels run)
-and Gemma-3 over ``gemma3_text.txt`` with ``-c 256 --chunks 4``.
+and Gemma-3 over ``gemma3_text.txt`` with ``-c 256 --chunks 4``; then tiny mixtures of
+experts (qwen3moe, Mixtral) over ``text.txt``, every expert's sums and counts.
 """
 
 from __future__ import annotations
@@ -35,6 +36,20 @@ CASES = [
     {"model": "gemma3-270m", "text": "gemma3_text.txt", "args": ["-c", "256", "--chunks", "4"],
      "layers": [0]},
 ]  # fmt: skip
+
+
+# tiny mixtures of experts (models.tiny, Q8_0, seed 5), every sum recorded
+TINY = {"qwen3moe": ("qwen3moe", {}), "mixtral": ("llama", {"n_expert": 4})}
+TINY_ARGS = ["-c", "64", "--chunks", "8"]
+
+
+def tiny_model(name: str, path: Path) -> Path:
+    from llamacpy.gguf import GGMLType
+    from llamacpy.models.tiny import write_tiny_llama
+
+    arch, opts = TINY[name]
+    write_tiny_llama(path, GGMLType.Q8_0, seed=5, arch=arch, **opts)
+    return path
 
 
 def main() -> int:
@@ -72,8 +87,22 @@ def main() -> int:
             entries[name] = e
         cases.append({**case, "ppl": ppl, "entries": entries, "statistics": statistics})
         print(case["model"], ppl, len(entries), "entries")
+    tiny = []
+    for name in TINY:
+        with tempfile.TemporaryDirectory() as tmp:
+            model, out = tiny_model(name, Path(tmp) / "m.gguf"), Path(tmp) / "imatrix.gguf"
+            subprocess.run([f"{args.bin}/llama-imatrix", "-m", str(model), "-f",
+                            str(ENGINE / "text.txt"), *TINY_ARGS, "-t", "2", "-o", str(out)],
+                           capture_output=True, text=True, check=True)  # fmt: skip
+            raw = load_imatrix_raw(out, 512)
+        entries = {
+            k: {"counts": c.tolist(), "sums": base64.b64encode(s.astype("<f4").tobytes()).decode()}
+            for k, (s, c) in sorted(raw.entries.items())
+        }
+        tiny.append({"name": name, "args": TINY_ARGS, "entries": entries})
+        print(name, len(entries), "entries")
     with atomic_write(OUT) as f:
-        f.write((json.dumps({"cases": cases}, indent=1) + "\n").encode())
+        f.write((json.dumps({"cases": cases, "tiny": tiny}, indent=1) + "\n").encode())
     print(f"wrote {OUT}")
     return 0
 

@@ -80,6 +80,29 @@ def test_matches_llama_imatrix(case, tmp_path, capsys, request):
     np.testing.assert_allclose(im.data[name], (sums / np.float32(counts[0])).reshape(-1))
 
 
+@pytest.mark.parametrize("case", FIX["tiny"], ids=[c["name"] for c in FIX["tiny"]])
+def test_experts_match_llama_imatrix(case, tmp_path, capsys):
+    """Tiny mixtures of experts: every expert's sums (``in_sum2`` of n_expert rows) and
+    counts, the router's and attention's, as llama-imatrix's."""
+    from llamacpy.gguf import GGMLType
+    from llamacpy.models.tiny import write_tiny_llama
+
+    arch, opts = MOE[case["name"]]
+    model, out = tmp_path / "m.gguf", tmp_path / "imatrix.gguf"
+    write_tiny_llama(model, GGMLType.Q8_0, seed=5, arch=arch, **opts)
+    rc, _, _ = _run(["imatrix", "-m", str(model), "-f", str(ENGINE / "text.txt"),
+                     *case["args"], "-o", str(out)], capsys)  # fmt: skip
+    assert rc == 0
+    raw = load_imatrix_raw(out, 512)
+    assert sorted(raw.entries) == sorted(case["entries"])
+    assert any(s.shape[0] > 1 for s, _ in raw.entries.values())  # (expert entries)
+    for name, want in case["entries"].items():
+        sums, counts = raw.entries[name]
+        assert counts.tolist() == want["counts"], name
+        ref = np.frombuffer(base64.b64decode(want["sums"]), "<f4").reshape(sums.shape)
+        np.testing.assert_allclose(sums, ref, rtol=1e-5, atol=0, err_msg=name)
+
+
 def test_in_file_combines_and_dat_output(tmp_path, capsys, smollm2_path):
     text = ENGINE / "text.txt"
     a = tmp_path / "a.gguf"
@@ -138,12 +161,15 @@ def test_refusals(tmp_path, capsys, smollm2_path):
     assert not (tmp_path / "x.gguf").exists()
 
 
-def test_moe_block_is_refused_before_compute(tmp_path):
+def test_uncollected_blocks_are_refused():
     from llamacpy.models import imatrix as mi
-    from llamacpy.models.qwen3moe import Qwen3MoEModel
+    from llamacpy.models.deepseek2 import BLOCK as MLA_BLOCK
+    from llamacpy.models.qwen35 import Qwen35Model
 
-    with pytest.raises(ModelError, match="ffn_router"):
-        mi.collecting_block(Qwen3MoEModel.block, "qwen3moe")
+    with pytest.raises(ModelError, match="'mla_q'.*not collected"):
+        mi.collecting_block(MLA_BLOCK, "deepseek2")
+    with pytest.raises(ModelError, match="recurrent"):
+        mi.collecting_block(Qwen35Model.block, "qwen35")
     block = mi.collecting_block(("attn_norm", "qkv", "out_proj", "ffn_norm", "ffn_swiglu",
                                  "ffn_down"))  # fmt: skip
     assert block == ("attn_norm", "im_qkv_in", "qkv", "im_out_in", "out_proj", "ffn_norm",
@@ -190,19 +216,31 @@ def test_save_imatrix_layout(tmp_path):
     )  # sums 1 + 1, counts 2 + 2
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "olmo2"])
-def test_collected_sums_match_the_reference(arch, tmp_path, monkeypatch):
-    """Every dense block's collectors against ``models/reference.py``'s (tiny F32 models: the
-    same inputs up to float order), the sums and counts of a 40-token prompt in ubatches of
-    32 and 8 (the second under llama-imatrix's 16-row floor: not collected), and of the
-    last layer's FFN, which sees only the output rows."""
+# (one per kind of input: plain, fused qkv/gate-up, no pre-norms, GEGLU with post-norms;
+# qwen2/qwen3/gemma3 run the same collectors; Mixtral is checked against llama-imatrix)
+DENSE = ["llama", "phi3", "olmo2", "gemma2"]
+MOE = {
+    "qwen3moe": ("qwen3moe", {}),
+    "mixtral": ("llama", {"n_expert": 4}),
+    "gpt-oss": ("gpt-oss", {}),
+}
+
+
+@pytest.mark.parametrize("name", [*DENSE, "qwen3moe", "gpt-oss"])
+def test_collected_sums_match_the_reference(name, tmp_path, monkeypatch):
+    """The collectors against ``models/reference.py``'s (tiny F32 models: the same inputs up
+    to float order), dense blocks and mixtures of experts: the sums and counts of a 40-token
+    prompt in ubatches of 32 and 8 (the second under llama-imatrix's 16-row floor for plain
+    matmuls, collected for the experts' matmuls, which have none), and of the last layer's
+    FFN, which sees only the output rows."""
     from llamacpy.engine import Context, ContextParams
     from llamacpy.gguf import GGMLType
     from llamacpy.models.reference import Reference
     from llamacpy.models.tiny import write_tiny_llama
 
-    path = tmp_path / f"{arch}.gguf"
-    write_tiny_llama(path, GGMLType.F32, seed=3, arch=arch)
+    arch, opts = MOE.get(name, (name, {}))
+    path = tmp_path / f"{name}.gguf"
+    write_tiny_llama(path, GGMLType.F32, seed=3, arch=arch, **opts)
     ctx = Context(path, ContextParams(n_ctx=64, n_batch=64, n_ubatch=32, n_threads=2))
     im = ctx.model.collect_imatrix()
     ref = Reference(ctx.model)
@@ -221,8 +259,15 @@ def test_collected_sums_match_the_reference(arch, tmp_path, monkeypatch):
         batch.add(t, i, 0, i >= 20)  # 20 outputs: the last layer's FFN runs 12 + 8 rows
     ctx.decode(batch)
     n_layer = ctx.model.hparams.n_layer
+    if name in MOE:  # every expert row counted, of the 32 + 8 tokens' selections (the
+        _, counts = im.expert_rows(0, 0)  # last layer: of the 12 + 8 output rows)
+        k = ctx.model.hparams.extra["n_expert_used"]
+        assert counts.sum() == 40 * k and (im.expert_rows(0, 1)[1] == counts).all()
+        last = 20 if "out_rows" in ctx.model.block else 40  # (gpt-oss keeps every row)
+        assert im.expert_rows(n_layer - 1, 1)[1].sum() == last * k
     want = np.full(4 * n_layer + 1, 32)
-    want[4 * (n_layer - 1) + 2 : 4 * n_layer] = 0  # (12 output rows in the first ubatch)
+    if "out_rows" in ctx.model.block:  # (12 output rows in the first ubatch)
+        want[4 * (n_layer - 1) + 2 : 4 * n_layer] = 0
     want[-1] = 0
     assert im.counts.tolist() == want.tolist()
     assert np.abs(im.sums).max() > 0

@@ -90,14 +90,19 @@ def matrix_rows(
 ) -> dict[str, tuple[int, int, int]]:
     """name -> (layer, slot, input width) for the model's matrices the collecting forward
     sums the inputs of (``shapes``: every tensor's shape in ggml order, ``ne[0]`` first)."""
-    from ..models.imatrix import SLOT_TENSORS
+    from ..models.imatrix import EXPERT_TENSORS, SLOT_TENSORS
 
     slot_of = {t: s for s, names in SLOT_TENSORS.items() for t in names}
     out = {}
     for name, shape in shapes.items():
         m = _BLK.fullmatch(name)
-        if m and len(shape) == 2 and m.group(2) in slot_of and int(m.group(1)) < n_layer:
-            out[name] = (int(m.group(1)), slot_of[m.group(2)], int(shape[0]))
+        if not m or int(m.group(1)) >= n_layer:
+            continue
+        kind = m.group(2)
+        if len(shape) == 2 and kind in slot_of:
+            out[name] = (int(m.group(1)), slot_of[kind], int(shape[0]))
+        elif len(shape) == 3 and kind in EXPERT_TENSORS:  # (slot -1 - part: expert rows)
+            out[name] = (int(m.group(1)), -1 - EXPERT_TENSORS[kind], int(shape[0]))
     if process_output and OUTPUT in shapes:
         out[OUTPUT] = (n_layer, 0, int(shapes[OUTPUT][0]))
     return out
@@ -221,14 +226,19 @@ def _fold(stats: ImatrixStats, base: dict, im: Any, rows: dict) -> None:
 
     assert isinstance(im, ImatrixSums)
     for name, (layer, slot, k) in rows.items():
-        r = im.row(layer, slot)
-        if im.counts[r] == 0:
+        if slot < 0:  # experts: a row of sums and a count each
+            sums, counts = im.expert_rows(layer, -1 - slot)
+            sums = sums[:, :k]
+        else:
+            r = im.row(layer, slot)
+            sums, counts = im.sums[r, :k][None, :], np.array([im.counts[r]], np.int64)
+        if not counts.any():
             continue
         stats.sums.pop(name, None)
         stats.counts.pop(name, None)
         if name in base:
             stats.sums[name], stats.counts[name] = base[name][0].copy(), base[name][1].copy()
-        stats.add(name, im.sums[r, :k][None, :], np.array([im.counts[r]], np.int64))
+        stats.add(name, sums, counts)
 
 
 def _f32_sum(a: np.ndarray) -> np.float32:

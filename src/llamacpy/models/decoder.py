@@ -351,7 +351,9 @@ class Decoder:
         hp = self.hparams
         n_ff = max(hp.n_ff, int(self.layer_table["n_ff"].max()))  # (layers' own sizes)
         width = max(hp.n_embd, hp.n_head * hp.n_embd_head_k, n_ff)
-        self.imatrix = ImatrixSums.new(hp.n_layer, width)
+        n_expert = hp.extra.get("n_expert", 0)
+        width = max(width, hp.extra.get("n_ff_exp", 0))
+        self.imatrix = ImatrixSums.new(hp.n_layer, width, n_expert)
         self.block = block  # (this model's from now on)
         self.forward_kernel = self.backend.forward_kernel(block)
         return self.imatrix
@@ -402,7 +404,8 @@ class Decoder:
         self.backend.run(self.forward_kernel, args, st, n_threads)
         if self.imatrix is not None:
             n_tok = len(ub.tokens)
-            self.imatrix.count(n_tok, n_out if 0 < n_out < n_tok else n_tok, n_out)
+            gathered = "out_rows" in self.block and 0 < n_out < n_tok  # (the last FFN's rows)
+            self.imatrix.count(n_tok, n_out if gathered else n_tok, n_out)
         return ws.logits[:n_out, : self.hparams.n_vocab]
 
 

@@ -9,8 +9,10 @@ an ``im_*`` stage (:mod:`.stages`) where each input is complete, and :class:`Ima
 names the matrices of each row. The model's output matrix (``--process-output``) reads the
 final norm's rows: the head sums those when the sums have a row for it.
 
-Blocks whose matmuls have no collector yet (mixture-of-experts, recurrent and latent
-attention layers) are refused by name before any compute.
+A mixture of experts (``ffn_moe``) is collected per expert (``stages.im_moe``: llama-imatrix's
+``mul_mat_id`` order, counts kept in the sums' last column). Blocks whose matmuls have no
+collector yet (recurrent, latent-attention, shared-expert and gemma4 layers) are refused by
+name before any compute.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ COLLECT_AFTER = {
     "ffn_post_attn_norm": "im_ffn_in",
     "ffn_swiglu": "im_down_in",
     "ffn_geglu": "im_down_in",
+    "ffn_moe": "im_moe",
+    "ffn_moe_keep": "im_moe",
 }
 # stage -> the collector that runs right before it (it reads the attention's output)
 COLLECT_BEFORE = {
@@ -54,14 +58,17 @@ COVERED = {
     "ffn_down",
     "ffn_down_post_norm",
     "layer_scale",
+    "ffn_router",  # (reads the FFN input: collected with ffn_gate/up)
 }
 # the tensors (``blk.N.<name>.weight``) that read each row's input
 SLOT_TENSORS = {
     stages.IM_QKV: ("attn_q", "attn_k", "attn_v", "attn_qkv"),
     stages.IM_OUT: ("attn_output",),
-    stages.IM_FFN: ("ffn_gate", "ffn_up"),
+    stages.IM_FFN: ("ffn_gate", "ffn_up", "ffn_gate_inp"),
     stages.IM_DOWN: ("ffn_down",),
 }
+# the experts' tensors: their rows of sums (0: gate/up's input, 1: down's), one per expert
+EXPERT_TENSORS = {"ffn_gate_exps": 0, "ffn_up_exps": 0, "ffn_down_exps": 1}
 
 
 def collecting_block(block: tuple, arch: str = "") -> tuple:
@@ -76,7 +83,8 @@ def collecting_block(block: tuple, arch: str = "") -> tuple:
             what = f"the {arch} block" if arch else "this block"
             raise ModelError(
                 f"imatrix: {what} runs {name!r}, whose matmul inputs are not collected yet "
-                "(mixture-of-experts, recurrent and latent-attention layers are not supported)"
+                "(recurrent, latent-attention, shared-expert and gemma4 layers are not "
+                "supported)"
             )
         if name in COLLECT_BEFORE:
             out.append(COLLECT_BEFORE[name])
@@ -91,14 +99,24 @@ class ImatrixSums:
     """The sums the collecting forward adds to (``sums[IM_SLOTS * layer + slot, :k]``, the
     output's row last) and the rows counted for each."""
 
-    sums: np.ndarray  # float32 [IM_SLOTS * n_layer + 1, width]
-    counts: np.ndarray  # int64, per row of sums
+    sums: np.ndarray  # float32 [IM_SLOTS * n_layer + 1 + 2 * n_expert * n_layer, width + 1]
+    counts: np.ndarray  # int64, per dense row of sums (experts: the sums' last column)
     n_layer: int
+    n_expert: int = 0
 
     @classmethod
-    def new(cls, n_layer: int, width: int) -> ImatrixSums:
+    def new(cls, n_layer: int, width: int, n_expert: int = 0) -> ImatrixSums:
         n = stages.IM_SLOTS * n_layer + 1
-        return cls(np.zeros((n, width), np.float32), np.zeros(n, np.int64), n_layer)
+        rows = n + 2 * n_expert * n_layer
+        return cls(np.zeros((rows, width + 1), np.float32), np.zeros(n, np.int64), n_layer,
+                   n_expert)  # fmt: skip
+
+    def expert_rows(self, layer: int, part: int) -> tuple[np.ndarray, np.ndarray]:
+        """(sums [n_expert, width], counts [n_expert]) of a layer's experts: ``part`` 0 the
+        gate/up input, 1 the down input."""
+        r = stages.IM_SLOTS * self.n_layer + 1 + 2 * self.n_expert * layer + part * self.n_expert
+        block = self.sums[r : r + self.n_expert]
+        return block[:, :-1], block[:, -1].astype(np.int64)
 
     def count(self, n_tokens: int, n_ffn_rows: int, n_out: int) -> None:
         """Count one ubatch: ``n_tokens`` rows in every matmul but the last layer's FFN

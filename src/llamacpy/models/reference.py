@@ -78,6 +78,7 @@ class Pass:
     att: np.ndarray | None = None  # [n, n_head * head_dim]
     g: np.ndarray | None = None  # [rows, n_ff] gated FFN activation
     sel: np.ndarray | None = None  # [rows, n_expert_used] experts of each row, best first
+    moe_act: np.ndarray | None = None  # [rows, n_expert_used, n_ff_exp] experts' activations
     wts: np.ndarray | None = None  # [rows, n_expert_used] their weights
     moe: np.ndarray | None = None  # [rows, n_embd] the routed experts' sum, kept apart
     shexp_gate: np.ndarray | None = None  # [rows] a shared expert's gate
@@ -441,12 +442,14 @@ def _moe(r: Reference, p: Pass, L) -> np.ndarray:
         int(r.M["expert_act"]), swiglu_numpy
     )
     out = np.zeros((n, k, n_embd), _F32)
+    p.moe_act = np.zeros((n, k, f), _F32)
     for e in np.unique(p.sel):
         t, j = np.nonzero(p.sel == e)
         h = p.h[t]
         g = r.mm(L["ffn_gate_exps"] + e, h) + r.bias(L["ffn_gate_exps_bias"], f, e)
         u = r.mm(L["ffn_up_exps"] + e, h) + r.bias(L["ffn_up_exps_bias"], f, e)
-        d = r.mm(L["ffn_down_exps"] + e, act(g, u))
+        p.moe_act[t, j] = act(g, u)
+        d = r.mm(L["ffn_down_exps"] + e, p.moe_act[t, j])
         if L["ffn_down_exps_scale"] >= 0:  # the expert's output scale (gemma4)
             d = (d * r.vec(L["ffn_down_exps_scale"] + int(e), 1)[0]).astype(_F32)
         out[t, j] = d + r.bias(L["ffn_down_exps_bias"], n_embd, e)
@@ -803,6 +806,26 @@ def im_ffn_x(r: Reference, p: Pass, L) -> None:
     _collect(r, p.h, L, 2)
 
 
+def im_moe(r: Reference, p: Pass, L) -> None:
+    """imatrix: the experts' inputs (``stages.im_moe``'s rows and order)."""
+    from .stages import IM_SLOTS
+
+    im = getattr(r, "imatrix", None)
+    if im is None:
+        return
+    M = r.M
+    ne, k = int(M["n_expert"]), int(M["n_expert_used"])
+    base = IM_SLOTS * int(M["n_layer"]) + 1 + 2 * ne * int(L["index"])
+    g = p.moe_act
+    for j in range(k):
+        for t in range(len(p.h)):
+            e = int(p.sel[t, j])
+            for part, row in ((0, p.h[t]), (1, g[t, j])):
+                acc = im[base + part * ne + e]
+                acc[: len(row)] += np.asarray(row, _F32) * np.asarray(row, _F32)
+                acc[-1] += _F32(1)
+
+
 def im_down_in(r: Reference, p: Pass, L) -> None:
     """imatrix: the input of ffn_down."""
     _collect(r, p.g, L, 3)
@@ -873,5 +896,6 @@ STAGES: dict[str, Stage] = {
         im_ffn_in,
         im_ffn_x,
         im_down_in,
+        im_moe,
     )
 }

@@ -1475,6 +1475,38 @@ def im_ffn_x(c, L, clk):
 
 
 @njit(cache=True)
+def im_moe(c, L, clk):
+    """imatrix, after a mixture of experts (any number of rows, as llama-imatrix collects
+    every ``mul_mat_id``): for each selection slot ``j``, then each token ``t``, the input
+    row of ``t`` (still in ``XN``) added to expert ``SEL[t, j]``'s sums of gate/up, and
+    the expert's activation row ``G[t * k + j]`` to its sums of down; the last column of
+    each expert row counts its rows. Expert rows follow the dense ones: layer ``i``'s
+    gate/up rows at ``IM_SLOTS * n_layer + 1 + 2 * n_expert * i + e``, its down rows
+    ``n_expert`` further."""
+    M = c.M
+    n, k, ne = c.st.n_rows, M.n_expert_used, M.n_expert
+    base = IM_SLOTS * M.n_layer + 1 + 2 * ne * L.index
+    cnt = c.IM.shape[1] - 1
+    for part in range(2):
+        w = M.n_embd if part == 0 else M.n_ff_exp
+        j0, j1 = split(w, c.tid, c.nth)
+        for j in range(k):
+            for t in range(n):
+                acc = c.IM[base + part * ne + c.SEL[t, j]]
+                if part == 0:  # (a single row was normed into this thread's private row)
+                    src, row = (c.XP, c.tid) if n == 1 else (c.XN, t)
+                    for i in range(j0, j1):
+                        acc[i] += src[row, i] * src[row, i]
+                else:
+                    r = t * k + j
+                    for i in range(j0, j1):
+                        acc[i] += c.G[r, i] * c.G[r, i]
+                if c.tid == 0:
+                    acc[cnt] += np.float32(1.0)
+    return _sync(c, clk)
+
+
+@njit(cache=True)
 def im_down_in(c, L, clk):
     """imatrix: the input of ffn_down (the gated activation)."""
     n_ff = L.n_ff if L.n_ff > 0 else c.M.n_ff
