@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ModelError, UsageError
-from .perplexity import chunk_nll, eval_chunks, n_seq_for
+from .perplexity import NllTally, chunk_nll, eval_chunks, n_seq_for
 
 _BLK = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
 OUTPUT = "output.weight"
@@ -172,8 +172,7 @@ def compute_imatrix(
         raise UsageError("--chunks 0: nothing to evaluate")
     base_sums = {k: (v.copy(), c.copy()) for k, v, c in _items(stats)}
     first = n_ctx // 2
-    nll = nll2 = 0.0
-    count = 0
+    tally = NllTally()
     seconds = 0.0
 
     def first_pass(s: float, n: int, k: int) -> None:
@@ -193,11 +192,7 @@ def compute_imatrix(
         ppl = None
         if compute_ppl:
             base = c * n_ctx + first
-            v = chunk_nll(logits, tokens[base + 1 : base + n_ctx - first])
-            nll += float(v.sum())
-            nll2 += float((v * v).sum())
-            count += len(v)
-            ppl = math.exp(nll / count)
+            ppl = tally.add(chunk_nll(logits, tokens[base + 1 : base + n_ctx - first]))
         if on_chunk is not None:
             on_chunk(c + 1, ppl)
         if on_save is not None and ((c + 1) % n_seq == 0 or c + 1 == n_chunk):
@@ -207,12 +202,9 @@ def compute_imatrix(
                 on_save(total)
             done = total
     refresh()
-    if not compute_ppl or count < 2:
+    if not compute_ppl or tally.count == 0:
         return ImatrixRun(None, None, n_chunk, seconds)
-    mean, mean2 = nll / count, nll2 / count
-    var = mean2 - mean * mean
-    err = math.sqrt(var / (count - 1)) * math.exp(mean) if var > 0 else float("nan")
-    return ImatrixRun(math.exp(mean), err, n_chunk, seconds)
+    return ImatrixRun(*tally.estimate(), n_chunk, seconds)
 
 
 def _items(stats: ImatrixStats):

@@ -45,6 +45,32 @@ def chunk_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     return -(picked - mx[:, 0].astype(np.float64) - np.log(sum_exp))
 
 
+@dataclass
+class NllTally:
+    """Running sums of the scored tokens' negative log-likelihoods: the running estimate
+    ``exp(mean)`` and llama.cpp's ``+/-``, ``ppl * sqrt((mean(nll^2) - mean^2) / (n - 1))``."""
+
+    nll: float = 0.0
+    nll2: float = 0.0
+    count: int = 0
+
+    def add(self, v: np.ndarray) -> float:
+        """Add a chunk's values; returns the running estimate."""
+        v = np.asarray(v, np.float64)
+        self.nll += float(v.sum())
+        self.nll2 += float((v * v).sum())
+        self.count += len(v)
+        return math.exp(self.nll / self.count)
+
+    def estimate(self) -> tuple[float, float]:
+        """(perplexity, its ``+/-``; nan when it cannot be computed)."""
+        mean, mean2 = self.nll / self.count, self.nll2 / self.count
+        ppl = math.exp(mean)
+        var = mean2 - mean * mean
+        ok = var > 0 and self.count > 1
+        return ppl, math.sqrt(var / (self.count - 1)) * ppl if ok else float("nan")
+
+
 def n_seq_for(n_ctx: int, n_batch: int) -> int:
     """Chunks evaluated together (llama-perplexity's ``n_parallel``)."""
     return max(1, n_batch // n_ctx)
@@ -144,8 +170,7 @@ def perplexity(
         raise UsageError("--chunks 0: nothing to evaluate")
     writer = None if logits_out is None else LogitsWriter(logits_out, n_ctx, n_chunk, tokens)
     first = n_ctx // 2
-    nll = nll2 = 0.0
-    count = 0
+    tally = NllTally()
     running: list[float] = []
     seconds = 0.0
 
@@ -161,15 +186,8 @@ def perplexity(
         base = c * n_ctx + first
         targets = tokens[base + 1 : base + n_ctx - first]
         v = chunk_nll(logits, targets) if writer is None else writer.chunk(logits, targets)
-        v = v.astype(np.float64)
-        nll += float(v.sum())
-        nll2 += float((v * v).sum())
-        count += len(v)
-        running.append(math.exp(nll / count))
+        running.append(tally.add(v))
         if on_chunk is not None:
             on_chunk(c + 1, running[-1])
-    mean, mean2 = nll / count, nll2 / count
-    ppl = math.exp(mean)
-    var = mean2 - mean * mean
-    err = math.sqrt(var / (count - 1)) * ppl if var > 0 and count > 1 else float("nan")
-    return PerplexityResult(ppl, err, n_ctx, n_chunk, count, running, seconds)
+    ppl, err = tally.estimate()
+    return PerplexityResult(ppl, err, n_ctx, n_chunk, tally.count, running, seconds)
