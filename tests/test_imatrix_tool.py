@@ -231,8 +231,8 @@ def test_collected_sums_match_the_reference(name, tmp_path, monkeypatch):
     """The collectors against ``models/reference.py``'s (tiny F32 models: the same inputs up
     to float order), dense blocks and mixtures of experts: the sums and counts of a 40-token
     prompt in ubatches of 32 and 8 (the second under llama-imatrix's 16-row floor for plain
-    matmuls, collected for the experts' matmuls, which have none), and of the last layer's
-    FFN, which sees only the output rows."""
+    matmuls, collected for the experts' matmuls, which have none); the last layer runs
+    every row, as llama-imatrix's, though only 20 rows' logits are asked for."""
     from llamacpy.engine import Context, ContextParams
     from llamacpy.gguf import GGMLType
     from llamacpy.models.reference import Reference
@@ -256,18 +256,16 @@ def test_collected_sums_match_the_reference(name, tmp_path, monkeypatch):
     tokens = np.random.default_rng(1).integers(3, 250, 40).tolist()
     batch = Batch()
     for i, t in enumerate(tokens):
-        batch.add(t, i, 0, i >= 20)  # 20 outputs: the last layer's FFN runs 12 + 8 rows
+        batch.add(t, i, 0, i >= 20)  # 20 outputs: the last layer still runs every row
     ctx.decode(batch)
     n_layer = ctx.model.hparams.n_layer
     if name in MOE:  # every expert row counted, of the 32 + 8 tokens' selections (the
-        _, counts = im.expert_rows(0, 0)  # last layer: of the 12 + 8 output rows)
+        _, counts = im.expert_rows(0, 0)  # last layer too)
         k = ctx.model.hparams.extra["n_expert_used"]
         assert counts.sum() == 40 * k and (im.expert_rows(0, 1)[1] == counts).all()
-        last = 20 if "out_rows" in ctx.model.block else 40  # (gpt-oss keeps every row)
-        assert im.expert_rows(n_layer - 1, 1)[1].sum() == last * k
+        assert im.expert_rows(n_layer - 1, 1)[1].sum() == 40 * k
+    assert "out_rows" not in ctx.model.block
     want = np.full(4 * n_layer + 1, 32)
-    if "out_rows" in ctx.model.block:  # (12 output rows in the first ubatch)
-        want[4 * (n_layer - 1) + 2 : 4 * n_layer] = 0
     want[-1] = 0
     assert im.counts.tolist() == want.tolist()
     assert np.abs(im.sums).max() > 0

@@ -3,8 +3,10 @@
 The text is tokenized once (BOS per the vocabulary; special tokens parsed with
 ``parse_special``) and cut into chunks of ``n_ctx`` tokens, evaluated as llama-perplexity
 evaluates them (``eval.perplexity.eval_chunks``: ``n_batch // n_ctx`` chunks side by side,
-the first token of each replaced by BOS), with every token's logits requested (so that the
-last layer keeps all rows, as llama-imatrix's batches do). The model's collecting forward
+the first token of each replaced by BOS). llama-imatrix asks for every token's logits, so its
+last layer runs every row: the collecting forward's last layer does too (it has no
+``out_rows``), and only the logits that are scored are computed (all of them with
+``--process-output``, whose matrix then sees every row, as llama-imatrix's). The model's collecting forward
 (``models.imatrix``) adds the squares of each matmul input to per-matrix sums; the
 perplexity of each chunk's second half is reported along the way (``[1]x,[2]y,...``).
 
@@ -188,7 +190,7 @@ def compute_imatrix(
     done = 0
     for c, logits in eval_chunks(ctx, tokens, n_ctx=n_ctx, n_batch=n_batch, n_seq=n_seq,
                                  n_chunk=n_chunk, bos=bos, on_first_pass=first_pass,
-                                 outputs="all"):  # fmt: skip
+                                 outputs="all" if process_output else "scored"):  # fmt: skip
         ppl = None
         if compute_ppl:
             base = c * n_ctx + first

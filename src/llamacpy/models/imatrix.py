@@ -54,7 +54,6 @@ COVERED = {
     "scale_q",
     "kv_store",
     "attention",
-    "out_rows",
     "ffn_down",
     "ffn_down_post_norm",
     "layer_scale",
@@ -72,11 +71,15 @@ EXPERT_TENSORS = {"ffn_gate_exps": 0, "ffn_up_exps": 0, "ffn_down_exps": 1}
 
 
 def collecting_block(block: tuple, arch: str = "") -> tuple:
-    """``block`` with the collectors inserted; :class:`ModelError` for a stage whose
-    matmul inputs are not collected."""
+    """``block`` with the collectors inserted and without ``out_rows``: the last layer runs
+    every row, as it does in llama-imatrix (which asks for every token's logits), while the
+    head computes only the logits asked for; :class:`ModelError` for a stage whose matmul
+    inputs are not collected."""
     out: list = []
     for el in block:
         name = el.flag if isinstance(el, Branch) else el
+        if name == "out_rows":  # the last layer keeps every row (below)
+            continue
         if isinstance(el, Branch) or not (
             name in COLLECT_AFTER or name in COLLECT_BEFORE or name in COVERED
         ):
