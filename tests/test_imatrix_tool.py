@@ -241,7 +241,8 @@ def test_collected_sums_match_the_reference(name, tmp_path, monkeypatch):
     arch, opts = MOE.get(name, (name, {}))
     path = tmp_path / f"{name}.gguf"
     write_tiny_llama(path, GGMLType.F32, seed=3, arch=arch, **opts)
-    ctx = Context(path, ContextParams(n_ctx=64, n_batch=64, n_ubatch=32, n_threads=2))
+    params = ContextParams(n_ctx=64, n_batch=64, n_ubatch=32, n_threads=2, kernel_formats="all")
+    ctx = Context(path, params)  # (every format linked in: the stages test_reference compiles)
     im = ctx.model.collect_imatrix()
     ref = Reference(ctx.model)
     ref.imatrix = np.zeros_like(im.sums)
