@@ -216,9 +216,10 @@ def test_save_imatrix_layout(tmp_path):
     )  # sums 1 + 1, counts 2 + 2
 
 
-# (one per kind of input: plain, fused qkv/gate-up, no pre-norms, GEGLU with post-norms;
-# qwen2/qwen3/gemma3 run the same collectors; Mixtral is checked against llama-imatrix)
-DENSE = ["llama", "phi3", "olmo2", "gemma2"]
+# (one per kind of input: plain, no pre-norms, GEGLU with post-norms; phi3 (fused tensors
+# split at load), qwen2, qwen3 and gemma3 run the same collectors; Mixtral is checked
+# against llama-imatrix)
+DENSE = ["llama", "olmo2", "gemma2"]
 MOE = {
     "qwen3moe": ("qwen3moe", {}),
     "mixtral": ("llama", {"n_expert": 4}),
