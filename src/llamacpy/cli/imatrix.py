@@ -30,10 +30,23 @@ def _in_files(values: list[str]) -> list[str]:
     return files
 
 
-def _imatrix(args: argparse.Namespace) -> int:
+def _load(files: list[str], chunk_size: int, say: bool = False):
+    """The statistics of imatrix files added together (their datasets listed in order)."""
     from ..eval.imatrix import ImatrixStats
     from ..quantize.imatrix import load_imatrix_raw
 
+    stats = ImatrixStats()
+    for f in files:
+        if say:
+            print(f"imatrix: loading imatrix from '{f}'", file=sys.stderr)
+        raw = load_imatrix_raw(f, chunk_size)
+        for name, (sums, counts) in raw.entries.items():
+            stats.add(name, sums, counts)
+        stats.datasets.extend(raw.datasets)
+    return stats
+
+
+def _imatrix(args: argparse.Namespace) -> int:
     if args.ctx_size <= 0:
         raise UsageError("imatrix needs -c/--ctx-size > 0")
     if args.output_frequency <= 0:
@@ -41,6 +54,8 @@ def _imatrix(args: argparse.Namespace) -> int:
     out_dir = Path(args.output_file).resolve().parent
     if not (out_dir.is_dir() and os.access(out_dir, os.W_OK)):
         raise UsageError(f"cannot write {args.output_file}: {out_dir} is not a writable directory")
+    if args.show_statistics:
+        return _show_statistics(args)
     text = None
     if args.file:
         try:
@@ -48,20 +63,11 @@ def _imatrix(args: argparse.Namespace) -> int:
         except OSError as e:
             raise UsageError(f"could not open file '{args.file}' for reading: {e.strerror}") from e
         text = text[:-1] if text.endswith(b"\n") else text
-    stats = ImatrixStats()
-    err = sys.stderr
-    if args.show_statistics:
-        return _show_statistics(args)
-    for f in _in_files(args.in_file):
-        print(f"imatrix: loading imatrix from '{f}'", file=err)
-        raw = load_imatrix_raw(f, args.ctx_size)
-        for name, (sums, counts) in raw.entries.items():
-            stats.add(name, sums, counts)
-        stats.datasets.extend(raw.datasets)
+    stats = _load(_in_files(args.in_file), args.ctx_size, say=True)
     if text is None:
         if not args.in_file:
             raise UsageError("no prompt (-f) and no precomputed matrices (--in-file) to combine")
-        print(f"imatrix: saving imatrix to '{args.output_file}'", file=err)
+        print(f"imatrix: saving imatrix to '{args.output_file}'", file=sys.stderr)
         _save(args, stats, args.output_file)
         return 0
     if not args.model:
@@ -70,23 +76,19 @@ def _imatrix(args: argparse.Namespace) -> int:
 
 
 def _show_statistics(args: argparse.Namespace) -> int:
-    from ..eval.imatrix import ImatrixStats, imatrix_statistics
-    from ..quantize.imatrix import load_imatrix_raw
+    from ..eval.imatrix import imatrix_statistics
 
     files = _in_files(args.in_file)
     if len(files) != 1:
         raise UsageError(
             "a single imatrix file (--in-file) is required to compute tensor statistics"
         )
-    stats = ImatrixStats()
-    for name, (sums, counts) in load_imatrix_raw(files[0], args.ctx_size).entries.items():
-        stats.add(name, sums, counts)
-    lines = imatrix_statistics(stats)
-    n = sum(1 for line in lines[2:] if line and not line.startswith("\n") and "\t" in line)
+    stats = _load(files, args.ctx_size)
     print(f"\nComputing statistics for {files[0]} ({len(stats.sums)} tensors)")
-    print("\n".join(lines))
+    print("\n".join(imatrix_statistics(stats)))
     print()
-    return 0 if n else 1
+    # (llama-imatrix fails when no entry has data to compute statistics of)
+    return 0 if any(c.any() for c in stats.counts.values()) else 1
 
 
 def _compute(args: argparse.Namespace, text: bytes, stats) -> int:
@@ -101,7 +103,7 @@ def _compute(args: argparse.Namespace, text: bytes, stats) -> int:
     reserve_weight_memory(args.model)
     show_compile_progress("perplexity")
     from ..api.model import load_model
-    from ..eval.imatrix import collect_imatrix, compute_imatrix
+    from ..eval.imatrix import compute_imatrix
     from ..eval.perplexity import n_seq_for
 
     n_ctx = args.ctx_size
@@ -111,7 +113,6 @@ def _compute(args: argparse.Namespace, text: bytes, stats) -> int:
                             use_mmap=args.mmap)  # fmt: skip
     model = load_model(path, params)
     ctx, out, err = model.ctx, sys.stdout, sys.stderr
-    collect_imatrix(ctx.model)  # (an architecture it cannot collect: refused before compute)
     stats.datasets.append(args.file)
     first_pass = _first_pass("compute_imatrix: computing", n_ctx, ctx.n_batch, output_begins)
     saved = {"last": 0}

@@ -186,13 +186,12 @@ class Context:
             return self._forward_single(ub)
         sl = kv.prepare(ub, ordered=det)
         nth = self.n_threads if n == 1 else self.n_threads_batch
-        rows = ub.n_seq_tokens or n  # (the attention's rows per sequence stream; ggml's
-        if rows == 1 < n:  # one-token split of the cache is for a single stream)
-            rows = _TILED_MIN_TOKENS - 1
+        rows = ub.n_seq_tokens or n  # (the attention's query rows per sequence stream)
         arrays = UBatchArrays(
             ub.token, ub.pos, sl.cells, sl.mask, sl.n_kv, ub.out_idx,
             sl.cells_swa, sl.mask_swa, sl.n_kv_swa,
-            self._mode(rows, sl.n_kv), self._mode(rows, sl.n_kv_swa), sl.order, sl.order_swa,
+            self._mode(n, sl.n_kv, rows), self._mode(n, sl.n_kv_swa, rows), sl.order,
+            sl.order_swa,
             sl.rows,
         )  # fmt: skip
         return self.model.forward(self.ws, arrays, kv.forward_arrays(), nth, det)
@@ -234,15 +233,17 @@ class Context:
             a = b
         return np.concatenate(rows) if len(rows) > 1 else rows[0]
 
-    def _mode(self, n: int, n_kv: int) -> int:
-        """The attention kernel of a ubatch of ``n`` tokens over ``n_kv`` cells (llama.cpp's
-        choice; a deterministic context attends every row alone, cells in position order)."""
+    def _mode(self, n: int, n_kv: int, rows: int | None = None) -> int:
+        """The attention kernel of a ubatch of ``n`` tokens over ``n_kv`` cells, ``rows`` of
+        them per sequence stream (``n``: one stream) (llama.cpp's choice: tiled by the rows
+        of a stream, the split decode for one token of one stream; a deterministic context
+        attends every row alone, cells in position order)."""
         if self.params.deterministic:
             return MODE_ROWS
         # f16 K and V (an f32 cache is attended as f16: llama.cpp casts it before flash
         # attention)
         same = {self.kv.type_k, self.kv.type_v} <= {KV_F16, KV_F32}
-        if n >= _TILED_MIN_TOKENS and same:
+        if (n if rows is None else rows) >= _TILED_MIN_TOKENS and same:
             return MODE_TILED
         if n == 1 and n_kv >= _SPLIT_MIN_KV and same:
             return MODE_SPLIT

@@ -26,7 +26,15 @@ from typing import Any
 import numpy as np
 
 from ..errors import ModelError, UsageError
-from .perplexity import NllTally, chunk_nll, eval_chunks, n_seq_for
+from .perplexity import (
+    FirstPass,
+    NllTally,
+    chunk_batch,
+    chunk_count,
+    chunk_nll,
+    eval_chunks,
+    n_seq_for,
+)
 
 _BLK = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
 OUTPUT = "output.weight"
@@ -144,11 +152,7 @@ def compute_imatrix(
     decides whether to write them)."""
     if n_ctx <= 0:
         raise UsageError("imatrix needs -c/--ctx-size > 0")
-    n_batch = min(n_batch, ctx.n_batch)
-    if not (n_batch < n_ctx or n_batch % n_ctx == 0):
-        raise UsageError(
-            f"n_batch ({n_batch}) must be smaller than n_ctx ({n_ctx}) or a multiple of it"
-        )
+    n_batch = chunk_batch(ctx, n_ctx, n_batch)
     model = ctx.model
     hp = model.hparams
     rows = matrix_rows(shapes, hp.n_layer, process_output)
@@ -168,20 +172,11 @@ def compute_imatrix(
             f"text tokenizes to only {len(tokens)} tokens"
         )
     n_seq = n_seq_for(n_ctx, n_batch)
-    n_chunk_max = len(tokens) // n_ctx
-    n_chunk = n_chunk_max if n_chunks < 0 else min(n_chunks, n_chunk_max)
-    if n_chunk == 0:
-        raise UsageError("--chunks 0: nothing to evaluate")
-    base_sums = {k: (v.copy(), c.copy()) for k, v, c in _items(stats)}
+    n_chunk = chunk_count(len(tokens), n_ctx, n_chunks)
+    base_sums = {k: (v.copy(), stats.counts[k].copy()) for k, v in stats.sums.items()}
     first = n_ctx // 2
     tally = NllTally()
-    seconds = 0.0
-
-    def first_pass(s: float, n: int, k: int) -> None:
-        nonlocal seconds
-        seconds = s
-        if on_first_pass is not None:
-            on_first_pass(s, n, k)
+    first_pass = FirstPass(on_first_pass)
 
     def refresh() -> None:
         _fold(stats, base_sums, im, rows)
@@ -205,13 +200,8 @@ def compute_imatrix(
             done = total
     refresh()
     if not compute_ppl or tally.count == 0:
-        return ImatrixRun(None, None, n_chunk, seconds)
-    return ImatrixRun(*tally.estimate(), n_chunk, seconds)
-
-
-def _items(stats: ImatrixStats):
-    for k, v in stats.sums.items():
-        yield k, v, stats.counts[k]
+        return ImatrixRun(None, None, n_chunk, first_pass.seconds)
+    return ImatrixRun(*tally.estimate(), n_chunk, first_pass.seconds)
 
 
 def _fold(stats: ImatrixStats, base: dict, im: Any, rows: dict) -> None:

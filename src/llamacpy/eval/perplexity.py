@@ -76,6 +76,39 @@ def n_seq_for(n_ctx: int, n_batch: int) -> int:
     return max(1, n_batch // n_ctx)
 
 
+def chunk_batch(ctx: Any, n_ctx: int, n_batch: int) -> int:
+    """The tokens per decode for chunks of ``n_ctx`` (at most the context's ``n_batch``),
+    checked as llama.cpp's tools check them."""
+    n_batch = min(n_batch, ctx.n_batch)
+    if not (n_batch < n_ctx or n_batch % n_ctx == 0):
+        raise UsageError(
+            f"n_batch ({n_batch}) must be smaller than n_ctx ({n_ctx}) or a multiple of it"
+        )
+    return n_batch
+
+
+def chunk_count(n_tokens: int, n_ctx: int, n_chunks: int) -> int:
+    """Whole chunks of ``n_ctx`` in ``n_tokens``, at most ``n_chunks`` (< 0: all)."""
+    n_chunk_max = n_tokens // n_ctx
+    n_chunk = n_chunk_max if n_chunks < 0 else min(n_chunks, n_chunk_max)
+    if n_chunk == 0:
+        raise UsageError("--chunks 0: nothing to evaluate")
+    return n_chunk
+
+
+class FirstPass:
+    """An ``on_first_pass`` callback that keeps the pass's seconds and passes the call on."""
+
+    def __init__(self, then: Callable[[float, int, int], None] | None) -> None:
+        self.seconds = 0.0
+        self.then = then
+
+    def __call__(self, seconds: float, n_chunk: int, n_seq: int) -> None:
+        self.seconds = seconds
+        if self.then is not None:
+            self.then(seconds, n_chunk, n_seq)
+
+
 def eval_chunks(
     ctx: Any,
     tokens: np.ndarray,
@@ -152,11 +185,7 @@ def perplexity(
     """
     if n_ctx <= 0 or n_ctx % 2:
         raise UsageError(f"perplexity needs a positive, even context size, not {n_ctx}")
-    n_batch = min(n_batch, ctx.n_batch)
-    if not (n_batch < n_ctx or n_batch % n_ctx == 0):
-        raise UsageError(
-            f"n_batch ({n_batch}) must be smaller than n_ctx ({n_ctx}) or a multiple of it"
-        )
+    n_batch = chunk_batch(ctx, n_ctx, n_batch)
     n_seq = n_seq_for(n_ctx, n_batch)
     tokens = np.asarray(tokenizer.encode(text, add_special=True, parse_special=False), np.int64)
     if len(tokens) < 2 * n_ctx:
@@ -164,21 +193,12 @@ def perplexity(
             f"you need at least {2 * n_ctx} tokens to evaluate perplexity with a context of "
             f"{n_ctx}; the text tokenizes to only {len(tokens)} tokens"
         )
-    n_chunk_max = len(tokens) // n_ctx
-    n_chunk = n_chunk_max if n_chunks < 0 else min(n_chunks, n_chunk_max)
-    if n_chunk == 0:
-        raise UsageError("--chunks 0: nothing to evaluate")
+    n_chunk = chunk_count(len(tokens), n_ctx, n_chunks)
     writer = None if logits_out is None else LogitsWriter(logits_out, n_ctx, n_chunk, tokens)
     first = n_ctx // 2
     tally = NllTally()
     running: list[float] = []
-    seconds = 0.0
-
-    def first_pass(s: float, n_chunk: int, n_seq: int) -> None:
-        nonlocal seconds
-        seconds = s
-        if on_first_pass is not None:
-            on_first_pass(s, n_chunk, n_seq)
+    first_pass = FirstPass(on_first_pass)
 
     bos = tokenizer.bos if tokenizer.add_bos else None
     for c, logits in eval_chunks(ctx, tokens, n_ctx=n_ctx, n_batch=n_batch, n_seq=n_seq,
@@ -190,4 +210,4 @@ def perplexity(
         if on_chunk is not None:
             on_chunk(c + 1, running[-1])
     ppl, err = tally.estimate()
-    return PerplexityResult(ppl, err, n_ctx, n_chunk, tally.count, running, seconds)
+    return PerplexityResult(ppl, err, n_ctx, n_chunk, tally.count, running, first_pass.seconds)

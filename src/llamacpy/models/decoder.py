@@ -403,9 +403,7 @@ class Decoder:
         )
         self.backend.run(self.forward_kernel, args, st, n_threads)
         if self.imatrix is not None:
-            n_tok = len(ub.tokens)
-            gathered = "out_rows" in self.block and 0 < n_out < n_tok  # (the last FFN's rows)
-            self.imatrix.count(n_tok, n_out if gathered else n_tok, n_out)
+            self.imatrix.count(len(ub.tokens), n_out)
         return ws.logits[:n_out, : self.hparams.n_vocab]
 
 

@@ -121,18 +121,13 @@ class ImatrixSums:
         block = self.sums[r : r + self.n_expert]
         return block[:, :-1], block[:, -1].astype(np.int64)
 
-    def count(self, n_tokens: int, n_ffn_rows: int, n_out: int) -> None:
-        """Count one ubatch: ``n_tokens`` rows in every matmul but the last layer's FFN
-        (``n_ffn_rows``: the output rows the last layer keeps) and the output (``n_out``);
-        matmuls of under 16 rows are not collected."""
+    def count(self, n_tokens: int, n_out: int) -> None:
+        """Count one ubatch: ``n_tokens`` rows in every layer's matmuls (the collecting
+        block has no ``out_rows``: its last layer runs them all) and ``n_out`` in the
+        output's; matmuls of under 16 rows are not collected."""
         lo = stages.IM_MIN_ROWS
         if n_tokens >= lo:
             self.counts[:-1] += n_tokens
-        last = stages.IM_SLOTS * (self.n_layer - 1)
-        for slot in (stages.IM_FFN, stages.IM_DOWN):
-            self.counts[last + slot] += (n_ffn_rows if n_ffn_rows >= lo else 0) - (
-                n_tokens if n_tokens >= lo else 0
-            )
         if n_out >= lo:
             self.counts[-1] += n_out
 
