@@ -37,8 +37,10 @@ format: $(STAMP)
 	$(BIN)/ruff format src tests benchmarks scripts
 	$(BIN)/ruff check --fix src tests benchmarks scripts
 
+# two workers, a test file each at a time: numba compiles one kernel at a time per process,
+# and the tests of one file share most of their kernels
 test: lint models
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 # side-by-side benchmarks; the llama.cpp comparisons need a llama.cpp build (see each script's --help)
 bench: models

@@ -22,9 +22,9 @@ FIX = json.loads((Path(__file__).parent / "fixtures/server/cache_reuse.json").re
 def server(smollm2_path):
     params = ContextParams(n_ctx=2048, n_batch=512, n_ubatch=512, n_threads=2, n_threads_batch=2)
     model = ServingModel.load(str(smollm2_path), params, n_parallel=1, max_queue=4)
-    cfg = ServerConfig(timeout=120, metrics=True, cache_reuse=FIX["n_cache_reuse"])
+    cfg = ServerConfig(timeout=600, metrics=True, cache_reuse=FIX["n_cache_reuse"])
     with running(ServerState(cfg, model, model_name="smol")) as base:
-        yield httpx.Client(base_url=base, timeout=120)
+        yield httpx.Client(base_url=base, timeout=600)
 
 
 def _second(server, case, **extra):

@@ -12,7 +12,7 @@ from llamacpy.cli import SUBCOMMANDS, main
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "llamacpy", *args], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "llamacpy", *args], capture_output=True, text=True, timeout=600
     )
 
 

@@ -141,11 +141,11 @@ def test_server_requests_together_give_the_tokens_and_logprobs_of_each_alone(smo
     params = ContextParams(n_ctx=1536, n_batch=64, n_ubatch=64, n_threads=2, n_threads_batch=2,
                            n_seq_max=3, deterministic=True)  # fmt: skip
     model = ServingModel.load(str(smollm2_path), params, n_parallel=3, max_queue=8)
-    with running(ServerState(ServerConfig(timeout=120), model, model_name="m")) as base:
+    with running(ServerState(ServerConfig(timeout=600), model, model_name="m")) as base:
 
         def run(p: str) -> list:
             body = dict(prompt=p, n_predict=12, temperature=0, cache_prompt=False, n_probs=3)
-            r = httpx.post(base + "/completion", json=body, timeout=120)
+            r = httpx.post(base + "/completion", json=body, timeout=600)
             assert r.status_code == 200, r.text
             return [(c["id"], c["logprob"], [t["logprob"] for t in c["top_logprobs"]])
                     for c in r.json()["completion_probabilities"]]  # fmt: skip

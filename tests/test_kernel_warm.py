@@ -58,7 +58,8 @@ def test_helper_signatures_are_the_ones_a_run_uses(smollm2_path):
         print("RESULT", json.dumps([code, missing]))
         """
     )
-    env = dict(os.environ, LLAMACPY_COMPILE_HELPER="0")
+    # the manifest records a default run's kernels: the model's formats only
+    env = dict(os.environ, LLAMACPY_COMPILE_HELPER="0", LLAMACPY_KERNEL_FORMATS="model")
     r = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=1800
     )

@@ -390,17 +390,17 @@ def test_server_resumes_a_diverging_prompt_from_a_checkpoint(tmp_path, writer) -
     def serve():
         params = ContextParams(n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1)
         model = ServingModel.load(str(path), params, n_parallel=1, max_queue=2)
-        return running(ServerState(ServerConfig(timeout=120), model, model_name="m"))
+        return running(ServerState(ServerConfig(timeout=600), model, model_name="m"))
 
     with serve() as base:
-        http = httpx.Client(base_url=base, timeout=120)
+        http = httpx.Client(base_url=base, timeout=600)
         http.post("/completion", json={"prompt": first, **body})
         again = http.post("/completion", json={"prompt": second, **body}).json()
         diverged = http.post("/completion", json={"prompt": [5, *second[1:]], **body}).json()
     assert again["timings"]["cache_n"] == len(first) - CHECKPOINT_BACK
     assert diverged["timings"]["cache_n"] == 0  # no checkpoint fits: from the start
     with serve() as base:
-        fresh = httpx.Client(base_url=base, timeout=120).post(
+        fresh = httpx.Client(base_url=base, timeout=600).post(
             "/completion", json={"prompt": second, **body}).json()  # fmt: skip
     assert fresh["timings"]["cache_n"] == 0
     assert again["tokens"] == fresh["tokens"] and again["content"] == fresh["content"]

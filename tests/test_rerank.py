@@ -91,7 +91,7 @@ def test_server_answers_as_llama_server(rerankers):
         state = ServerState(ServerConfig(), embedder=_llm(rerankers[kind]), model_name="m")
         with running(state) as base:
             for case, ref in zip(REQUESTS, FIXTURE["llama_server"][kind], strict=True):
-                r = httpx.post(base + "/v1/rerank", json=case["body"], timeout=120)
+                r = httpx.post(base + "/v1/rerank", json=case["body"], timeout=600)
                 assert r.status_code == ref["status"], (kind, case["name"], r.text)
                 want, got = ref["body"], r.json()
                 if r.status_code != 200:

@@ -77,11 +77,11 @@ def running(state: ServerState) -> Iterator[str]:
 def server(smollm2_path):
     params = ContextParams(n_ctx=N_CTX, n_batch=128, n_ubatch=128, n_threads=1, n_threads_batch=1)
     model = ServingModel.load(str(smollm2_path), params, n_parallel=N_SLOTS, max_queue=2)
-    cfg = ServerConfig(api_keys=(KEY, "second-key"), max_body=64 * 1024, timeout=120, metrics=True)
+    cfg = ServerConfig(api_keys=(KEY, "second-key"), max_body=64 * 1024, timeout=600, metrics=True)
     state = ServerState(cfg, model, model_name="smollm2")
     with running(state) as base:
-        client = openai.OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0, timeout=60)
-        http = httpx.Client(base_url=base, headers=AUTH, timeout=60)
+        client = openai.OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0, timeout=600)
+        http = httpx.Client(base_url=base, headers=AUTH, timeout=600)
         yield SimpleNamespace(base=base, model=model, client=client, http=http)
         http.close()
 
@@ -348,7 +348,7 @@ API_ROUTES = [  # the other APIs' routes, each with a small valid body
 def test_every_api_route_has_the_guards(server, path, body):
     """Auth, body limit, JSON checks and backpressure apply to the Anthropic, Responses and
     Ollama routes as to the others; each answers a valid request."""
-    anon = httpx.Client(base_url=server.base, timeout=60)
+    anon = httpx.Client(base_url=server.base, timeout=600)
     assert anon.post(path, json=body).status_code == 401
     big = {**body, "pad": "x" * (70 * 1024)}
     assert server.http.post(path, json=big).status_code == 413
@@ -598,7 +598,7 @@ def serve_process(model: Path, log: Path, *flags: str) -> tuple[subprocess.Popen
             stdout=out, stderr=subprocess.STDOUT, env=env,
         )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 600  # a cold kernel cache compiles first
     while time.monotonic() < deadline:
         with contextlib.suppress(httpx.HTTPError):
             if httpx.get(base + "/health", timeout=1).status_code == 200:
@@ -616,7 +616,7 @@ def test_serve_command_drains_before_it_stops(smollm2_path, tmp_path):
     try:
         body = {"prompt": "Count: 1, 2, 3,", "n_predict": 48, "temperature": 0,
                 "ignore_eos": True, "stream": True}  # fmt: skip
-        with httpx.stream("POST", base + "/completion", json=body, timeout=60) as r:
+        with httpx.stream("POST", base + "/completion", json=body, timeout=600) as r:
             lines = sse_events(r.iter_lines())
             first = json.loads(next(lines))
             proc.send_signal(signal.SIGTERM)
@@ -660,7 +660,7 @@ def test_serve_command_sigterm_is_graceful(smollm2_path, tmp_path):
         body = {"prompt": "Count: 1, 2, 3,", "n_predict": 24, "temperature": 0,
                 "ignore_eos": True, "stream": True}  # fmt: skip
         with httpx.stream("POST", base + "/completion", json=body, headers=headers,
-                          timeout=60) as r:  # fmt: skip
+                          timeout=600) as r:  # fmt: skip
             assert r.status_code == 200
             lines = sse_events(r.iter_lines())
             first = json.loads(next(lines))

@@ -52,5 +52,5 @@ def test_streamed_chunks_carry_the_slot_and_the_prompt_size(server):
 def test_metrics_only_with_the_flag(server):
     assert server.http.get("/metrics").status_code == 200  # this server has metrics=True
     with running(ServerState(ServerConfig(), model_name="m")) as base:  # no --metrics
-        r = httpx.get(base + "/metrics", timeout=30)
+        r = httpx.get(base + "/metrics", timeout=600)
     assert r.status_code == 501 and "--metrics" in r.json()["error"]["message"]

@@ -38,10 +38,10 @@ class City(BaseModel):
 def server(smollm2_path):
     params = ContextParams(n_ctx=1024, n_batch=128, n_ubatch=128, n_threads=1, n_threads_batch=1)
     model = ServingModel.load(str(smollm2_path), params, n_parallel=2, max_queue=4)
-    state = ServerState(ServerConfig(timeout=120), model, model_name="smollm2")
+    state = ServerState(ServerConfig(timeout=600), model, model_name="smollm2")
     with running(state) as base:
-        client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=120)
-        http = httpx.Client(base_url=base, timeout=120)
+        client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=600)
+        http = httpx.Client(base_url=base, timeout=600)
         yield SimpleNamespace(client=client, http=http)
         http.close()
 

@@ -45,9 +45,9 @@ def _value(fams, name, suffix="", **labels):
 def server(smollm2_path):
     params = ContextParams(n_ctx=1024, n_batch=128, n_ubatch=128, n_threads=1, n_threads_batch=1)
     model = ServingModel.load(str(smollm2_path), params, n_parallel=2, max_queue=4)
-    state = ServerState(ServerConfig(timeout=120, metrics=True), model, model_name="smol")
+    state = ServerState(ServerConfig(timeout=600, metrics=True), model, model_name="smol")
     with running(state) as base:
-        yield httpx.Client(base_url=base, timeout=120)
+        yield httpx.Client(base_url=base, timeout=600)
 
 
 def test_request_metrics_count_what_happened(server):

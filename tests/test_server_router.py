@@ -48,7 +48,7 @@ def _router(smollm2_path: Path, tmp_path: Path, **kw) -> Router:
     for name in ("a", "b"):
         (tmp_path / f"{name}.gguf").symlink_to(smollm2_path)
     (tmp_path / "broken.gguf").write_bytes(b"junk" * 8)
-    cfg = ServerConfig(timeout=120)
+    cfg = ServerConfig(timeout=600)
 
     def make_state(name: str, path: Path) -> ServerState:
         def load():
@@ -67,7 +67,7 @@ def _states(http: httpx.Client) -> dict[str, str]:
 
 def test_routing_loading_and_eviction(smollm2_path, tmp_path):
     with running(_router(smollm2_path, tmp_path, max_loaded=1)) as base:
-        http = httpx.Client(base_url=base, timeout=120)
+        http = httpx.Client(base_url=base, timeout=600)
         client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0)
         assert _states(http) == {"a": "unloaded", "b": "unloaded", "broken": "unloaded"}
         ask = [{"role": "user", "content": "Hi"}]
@@ -103,7 +103,7 @@ def test_routing_loading_and_eviction(smollm2_path, tmp_path):
 def test_no_autoload_and_idle_sleep(smollm2_path, tmp_path):
     router = _router(smollm2_path, tmp_path, autoload=False, sleep_idle=1.0)
     with running(router) as base:
-        http = httpx.Client(base_url=base, timeout=120)
+        http = httpx.Client(base_url=base, timeout=600)
         body = {"model": "a", "prompt": "Hi", "n_predict": 2}
         r = http.post("/completion", json=body)
         assert r.status_code == 400 and "POST /models/load" in r.json()["error"]["message"]

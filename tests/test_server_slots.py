@@ -27,7 +27,7 @@ def _server(path, **cfg):
 
 def _complete(base, slot):
     r = httpx.post(base + "/completion", json={"prompt": PROMPT, "n_predict": 8, "id_slot": slot,
-                                              "temperature": 0}, timeout=120)  # fmt: skip
+                                              "temperature": 0}, timeout=600)  # fmt: skip
     assert r.status_code == 200, r.text
     return r.json()
 

@@ -12,6 +12,7 @@ from ..errors import UsageError
 from ..models.common import RopeOverrides
 
 THREADING_LAYERS = ("default", "omp", "workqueue", "tbb")
+KERNEL_FORMATS_ENV = "LLAMACPY_KERNEL_FORMATS"
 
 
 @dataclass(frozen=True)
@@ -36,8 +37,12 @@ class ContextParams:
     use_mlock: bool = False
     threading_layer: str = "omp"
     # which matmul kernels the compiled forward pass links: "model" (only the formats of the
-    # loaded model: the fastest first start) or "all" (one compiled forward serves any model)
-    kernel_formats: str = "model"
+    # loaded model: the fastest first start) or "all" (one compiled forward per architecture
+    # serves a model of any format: no new compile when switching quantizations). The
+    # default is the environment's LLAMACPY_KERNEL_FORMATS, else "model".
+    kernel_formats: str = field(
+        default_factory=lambda: os.environ.get(KERNEL_FORMATS_ENV) or "model"
+    )
     backend: str = "cpu"  # where weights, cache and forward live (llamacpy.models.backend)
     rope: RopeOverrides = field(default_factory=RopeOverrides)
     # embeddings: hidden states after the final norm, pooled per sequence (Context.embed)
@@ -53,6 +58,7 @@ class ContextParams:
         if self.kernel_formats not in ("model", "all"):
             raise UsageError(
                 f"kernel_formats must be 'model' or 'all', not {self.kernel_formats!r}"
+                + (f" (from {KERNEL_FORMATS_ENV})" if os.environ.get(KERNEL_FORMATS_ENV) else "")
             )
         from ..models.backend import backend
 
