@@ -32,8 +32,19 @@ def _row_any(t, w, off, ncols, row, out):
     raise NotImplementedError("only callable from numba-compiled code")
 
 
+_ROW_KERNELS: dict[int, object] = {}
+
+
 def _row_kernel(tr):
-    """Row ``row`` of a tensor of ``tr``'s format: its group blocks' rows, block by block."""
+    """Row ``row`` of a tensor of ``tr``'s format: its group blocks' rows, block by block.
+
+    A function of its own (one per format, shared by every chain), not inlined into the
+    chain: numba types an inlined body again in each caller, and the chain of every format
+    inlined took minutes to compile; called, each decoder compiles once in seconds (a call
+    per row looked up costs nothing next to the row's decoding)."""
+    kernel = _ROW_KERNELS.get(tr.id)
+    if kernel is not None:
+        return kernel
     dec, qk, bb = tr.row, tr.qk, tr.layout.dst_bytes
 
     def rows(w, off, ncols, row, out):
@@ -42,7 +53,8 @@ def _row_kernel(tr):
         for b in range(nblk):
             dec(w, off + (g * nblk + b) * bb, r, out, b * qk)
 
-    return njit(inline="always")(rows)
+    kernel = _ROW_KERNELS[tr.id] = njit(rows)
+    return kernel
 
 
 def _chain(records):
