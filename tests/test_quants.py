@@ -22,8 +22,7 @@ ALL = [
     "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0",
 ]  # fmt: skip
 # the grid and ternary formats dequantize only
-DEQUANT_ONLY = {"IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0",
-                "TQ2_0"}  # fmt: skip
+DEQUANT_ONLY = {"IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M"}
 QUANT = [t for t in ALL if t not in DEQUANT_ONLY]
 GGUF_DEQUANT = [t for t in ALL if t not in ("Q8_1", "Q8_K")]  # gguf-py has no Q8_1/Q8_K
 GGUF_QUANT = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "BF16", "MXFP4"]  # all gguf-py quantizes
@@ -31,7 +30,7 @@ VEC_DOT = {
     "F32": "F32", "F16": "F16", "BF16": "BF16", "Q4_0": "Q8_0", "Q4_1": "Q8_1", "Q5_0": "Q8_0",
     "Q5_1": "Q8_1", "Q8_0": "Q8_0", "Q8_1": "Q8_1", "Q2_K": "Q8_K", "Q3_K": "Q8_K",
     "Q4_K": "Q8_K", "Q5_K": "Q8_K", "Q6_K": "Q8_K", "Q8_K": None, "IQ4_NL": "Q8_0",
-    "IQ4_XS": "Q8_K", "MXFP4": "Q8_0", **dict.fromkeys(DEQUANT_ONLY, "Q8_K"),
+    "IQ4_XS": "Q8_K", "MXFP4": "Q8_0", **dict.fromkeys(ALL[ALL.index("IQ2_XXS") :], "Q8_K"),
 }  # fmt: skip
 
 

@@ -25,6 +25,7 @@ pytestmark = [
 
 CHUNK = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
          "IQ4_NL", "IQ4_XS", "MXFP4", "F16", "BF16"]  # fmt: skip
+CHUNK += ["TQ1_0", "TQ2_0"]  # importance weights: ignored by ggml
 ROW_REF = {"Q8_1": "q8_1", "Q8_K": "q8_K"}  # not in ggml_quantize_chunk
 
 

@@ -2,15 +2,28 @@
 (byte ``m`` of each 32-byte half holds elements ``m + 32 * l`` of that half at bits ``2 l``)
 then an f16 ``d``: ``x = (q - 1) * d``.
 
-Dequantize only (ggml's ``dequantize_row_tq2_0``).
+Quantization is ggml's ``quantize_row_tq2_0_ref`` (``d`` = the block's largest ``|x|``, ``q``
+= ``lroundf(x / d) + 1``); llama.cpp ignores importance weights for TQ2_0, and so does
+:func:`quantize`.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from llamacpy.gguf.constants import GGMLType
+from llamacpy.quants._helpers import (
+    F0,
+    F1,
+    F32,
+    fp32_to_fp16_np,
+    roundf,
+    roundf_np,
+    run_quantize,
+    run_quantize_np,
+    store_f16,
+)
 from llamacpy.quants._iqgrid import QK, register_format, u16
 
 TYPE = GGMLType.TQ2_0
@@ -47,5 +60,82 @@ def decode_numpy(b: np.ndarray):
     return b["d"], v.reshape(-1, QK), np.ones((len(b), 1), np.int64)
 
 
-FORMAT = register_format(TYPE, BLOCK, NSUB, C, decode_numpy, mult_numpy)
+# ----------------------------------------------------------------------------- quantize
+
+_2P63 = F32(2.0**63)
+_LONG_MIN = -(2**63)
+
+
+@njit(cache=True, inline="always")
+def trit_code(v):
+    """``lroundf(v) + 1`` stored into a C ``int``: glibc's ``lroundf`` (half away from zero;
+    ``LONG_MIN`` for NaN and anything outside the ``long`` range), then the low 32 bits."""
+    r = np.int64(roundf(v)) if abs(v) < _2P63 else np.int64(_LONG_MIN)
+    return ((r + 1 + 2**31) & 0xFFFFFFFF) - 2**31
+
+
+@njit(cache=True, inline="always")
+def absmax_scale(x, o, out, o_d):
+    """ggml's ternary block scale: ``d`` = the largest ``|x|`` of ``x[o:o + 256]`` (C's
+    ``MAX``, so a NaN is kept only when last), stored as f16 at ``out[o_d]``; returns
+    ``1 / d`` (0 for ``d == 0``)."""
+    amax = F0
+    for j in range(QK):
+        a = abs(x[o + j])
+        amax = amax if amax > a else a
+    store_f16(out, o_d, amax)
+    return F1 / amax if amax != F0 else F0
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def _quantize_ref_kernel(x, out):
+    for i in prange(x.size // QK):
+        o, ob = i * QK, i * TYPE_SIZE
+        inv = absmax_scale(x, o, out, ob + QK // 4)
+        for h in range(2):
+            for m in range(32):
+                q = 0
+                for n in range(4):
+                    q += (trit_code(x[o + 128 * h + 32 * n + m] * inv) & 3) << (2 * n)
+                out[ob + 32 * h + m] = q
+
+
+def quantize(x, imatrix=None, out=None) -> np.ndarray:
+    """Quantize rows (last axis) to TQ2_0 bytes, as llama.cpp's ``quantize_tq2_0`` (numba);
+    ``imatrix`` is accepted and ignored, as in llama.cpp."""
+    return run_quantize(_quantize_ref_kernel, None, x, None, QK, TYPE_SIZE, TYPE.name, out)
+
+
+def trit_code_np(v: np.ndarray) -> np.ndarray:
+    """Vectorized :func:`trit_code` (int64)."""
+    ok = np.abs(v) < _2P63
+    r = np.where(ok, roundf_np(np.where(ok, v, F0)).astype(np.int64), _LONG_MIN)
+    return ((r + 1 + 2**31) & 0xFFFFFFFF) - 2**31
+
+
+def ternary_np(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(f16 bits of d, trit codes) of (nb, 256) blocks, as the TQ ``_ref`` quantizers."""
+    amax = np.zeros(blocks.shape[0], np.float32)
+    for j in range(QK):  # C's MAX, in order: a NaN survives only when last
+        a = np.abs(blocks[:, j])
+        amax = np.where(amax > a, amax, a)
+    inv = np.where(amax != F0, F1 / np.where(amax != F0, amax, F1), F0).astype(np.float32)
+    return fp32_to_fp16_np(amax), trit_code_np(blocks * inv[:, None])
+
+
+def _ref_np(blocks: np.ndarray) -> np.ndarray:
+    d, t = ternary_np(blocks)
+    q = ((t.reshape(-1, 2, 4, 32) & 3) << (2 * np.arange(4))[:, None]).sum(axis=2)
+    out = np.zeros(len(blocks), dtype=BLOCK)
+    out["qs"] = q.reshape(-1, QK // 4)
+    out["d"] = d.view(np.float16)
+    return out.view(np.uint8).reshape(-1, TYPE_SIZE)
+
+
+def quantize_numpy(x, imatrix=None) -> np.ndarray:
+    """Vectorized numpy twin of :func:`quantize`."""
+    return run_quantize_np(_ref_np, None, x, None, QK, TYPE_SIZE, TYPE.name)
+
+
+FORMAT = register_format(TYPE, BLOCK, NSUB, C, decode_numpy, mult_numpy, quantize, quantize_numpy)
 dequantize, dequantize_numpy = FORMAT.dequantize, FORMAT.dequantize_numpy
