@@ -25,7 +25,10 @@ from __future__ import annotations
 from functools import cache
 
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from llamacpy.quants._errors import QuantError
 from llamacpy.quants._helpers import (
@@ -45,9 +48,13 @@ from llamacpy.quants._helpers import (
 )
 from llamacpy.quants._iqgrid import QK
 from llamacpy.quants._search_np import seqsum
+from llamacpy.simd import f32x16, vload_f32, vselect_gt, vsplat_f32, vzero_f32
 
 KMAX = 8  # magnitude levels 0..7, value 2*l + 1
 _NCODES = 1 << 12
+_LANES = 16
+_IOTA = np.arange(_LANES, dtype=np.float32)
+_INF = F32(np.inf)
 _HALF = F32(0.5)
 _15 = F32(2 * KMAX - 1)
 _31 = F32(31.0)
@@ -91,26 +98,96 @@ def tables(grid: bytes, npoints: int) -> tuple[np.ndarray, np.ndarray, np.ndarra
     return points, kmap.astype(np.int32), np.array(flat, np.int32)
 
 
+@cache
+def lanes(grid: bytes, npoints: int) -> tuple[np.ndarray, np.ndarray]:
+    """The neighbour lists laid out for 16-lane vectors: ``(base, coords)``. Neighbour
+    ``j`` of the list of an off-grid code ``u`` is lane ``j % 16`` of chunk ``j // 16``,
+    whose coordinate ``i`` (float32 levels ``2 l + 1``) is at
+    ``coords[base[u] + 64 * (j // 16) + 16 * i + j % 16]``; padding lanes hold 0."""
+    points, kmap, neigh = tables(grid, npoints)
+    base = np.full(_NCODES, -1, np.int32)
+    chunks = []
+    at = 0
+    for u in np.flatnonzero(kmap < 0):
+        start = -int(kmap[u]) - 1
+        n = int(neigh[start])
+        nc = (n + _LANES - 1) // _LANES
+        block = np.zeros((nc * _LANES, 4), np.float32)
+        block[:n] = points[neigh[start + 1 : start + 1 + n]]
+        chunks.append(block.reshape(nc, _LANES, 4).transpose(0, 2, 1).reshape(-1))
+        base[u] = at
+        at += nc * 4 * _LANES
+    return base, np.concatenate(chunks)
+
+
 # ----------------------------------------------------------------------------- numba
 
 
-@njit(cache=True, error_model="numpy")
-def best_neighbour(kmap, neigh, points, u, xval, waux, o, scale, L):
+_V16F = ir.VectorType(ir.FloatType(), _LANES)
+_MASK16 = ir.IntType(_LANES)
+
+
+@intrinsic
+def _vmin_lane(typingctx, v):
+    """``(min, first lane holding it)`` of an ``f32x16`` with no NaN lane."""
+    if v != f32x16:
+        return None
+
+    def cg(context, builder, sig, args):
+        def fn(name, ret, argtys):
+            return cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ret, argtys), name
+            )
+
+        reduce = fn("llvm.vector.reduce.fmin.v16f32", ir.FloatType(), [_V16F])
+        m = builder.call(reduce, [args[0]], fastmath=("nnan",))
+        splat = builder.insert_element(ir.Constant(_V16F, None), m, ir.IntType(32)(0))
+        zeros = ir.Constant(ir.VectorType(ir.IntType(32), _LANES), [0] * _LANES)
+        splat = builder.shuffle_vector(splat, splat, zeros)
+        eq = builder.bitcast(builder.fcmp_ordered("==", args[0], splat), _MASK16)
+        cttz = fn("llvm.cttz.i16", _MASK16, [_MASK16, ir.IntType(1)])
+        lane = builder.call(cttz, [eq, ir.IntType(1)(0)])
+        return cgutils.make_anonymous_struct(builder, [m, builder.zext(lane, ir.IntType(64))])
+
+    return types.Tuple((types.float32, types.int64))(v), cg
+
+
+@njit(cache=True, inline="always")
+def best_neighbour(tabs, u, xval, waux, o, scale, L):
     """ggml's ``iq3_find_best_neighbour`` for the off-grid code ``u`` of the group at ``o``:
-    the neighbour with the least ``sum waux * (scale * q - x)**2`` (first of equals, below
-    FLT_MAX), its levels to ``L[o:o + 4]``; -1 where none qualifies (ggml asserts)."""
+    the neighbour with the least ``sum waux * (scale * q - x)**2`` (the first of equals;
+    below FLT_MAX, so never a NaN), its levels to ``L[o:o + 4]``; -1 where none qualifies
+    (ggml asserts). Sixteen neighbours at a time, one per lane, each distance summed over
+    the coordinates in C's order."""
+    points, kmap, neigh, base, coords = tabs
     start = -kmap[u] - 1
+    n = neigh[start]
+    sv = vsplat_f32(scale)
+    x0, x1 = vsplat_f32(xval[o]), vsplat_f32(xval[o + 1])
+    x2, x3 = vsplat_f32(xval[o + 2]), vsplat_f32(xval[o + 3])
+    w0, w1 = vsplat_f32(waux[o]), vsplat_f32(waux[o + 1])
+    w2, w3 = vsplat_f32(waux[o + 2]), vsplat_f32(waux[o + 3])
+    iota = vload_f32(_IOTA, 0)
+    inf = vsplat_f32(_INF)
+    fmax = vsplat_f32(_FLT_MAX)
     best_d2 = _FLT_MAX
     gi = -1
-    for j in range(start + 1, start + 1 + neigh[start]):
-        g = neigh[j]
-        d2 = F0
-        for i in range(4):
-            diff = scale * F32(points[g, i]) - xval[o + i]
-            d2 += waux[o + i] * diff * diff
-        if d2 < best_d2:
-            best_d2 = d2
-            gi = g
+    for c in range((n + _LANES - 1) // _LANES):
+        b = base[u] + 4 * _LANES * c
+        e = sv * vload_f32(coords, b) - x0
+        d2 = vzero_f32() + w0 * e * e
+        e = sv * vload_f32(coords, b + _LANES) - x1
+        d2 = d2 + w1 * e * e
+        e = sv * vload_f32(coords, b + 2 * _LANES) - x2
+        d2 = d2 + w2 * e * e
+        e = sv * vload_f32(coords, b + 3 * _LANES) - x3
+        d2 = d2 + w3 * e * e
+        d2 = vselect_gt(fmax, d2, d2, inf)  # NaN and >= FLT_MAX never win
+        d2 = vselect_gt(vsplat_f32(F32(n - _LANES * c)), iota, d2, inf)  # padding lanes
+        m, lane = _vmin_lane(d2)
+        if m < best_d2:
+            best_d2 = m
+            gi = neigh[start + 1 + _LANES * c + lane]
     if gi >= 0:
         for i in range(4):
             L[o + i] = (points[gi, i] - 1) // 2
@@ -159,7 +236,7 @@ def _round_groups(idv, scale, xval, waux, tabs, L, on, only_off):
     """Levels of the 8 groups at ``1 / idv`` (grid neighbours at ``scale`` where off the
     grid) to ``L``; ``on[k]`` whether group ``k`` rounded onto the grid. With ``only_off``
     the groups already on the grid are left as they are. False where ggml aborts."""
-    points, kmap, neigh = tabs
+    kmap = tabs[1]
     for k in range(8):
         if only_off and on[k]:
             continue
@@ -171,7 +248,7 @@ def _round_groups(idv, scale, xval, waux, tabs, L, on, only_off):
         gi = kmap[u]
         if not only_off:
             on[k] = gi >= 0
-        if gi < 0 and best_neighbour(kmap, neigh, points, u, xval, waux, 4 * k, scale, L) < 0:
+        if gi < 0 and best_neighbour(tabs, u, xval, waux, 4 * k, scale, L) < 0:
             return False
     return True
 
@@ -224,7 +301,7 @@ def _search(mx, xxs, weight, waux, xval, tabs, L):
 def quantize_superblock(x, o, qw, use_qw, xxs, tabs, out, ob):
     """One super-block ``x[o:o + 256]`` to the block at ``out[ob:]`` (weights ``qw[o:]``
     where ``use_qw``). False where ggml aborts."""
-    _, kmap, _ = tabs
+    kmap = tabs[1]
     type_size = 98 if xxs else 110
     out[ob : ob + type_size] = 0
     weight = np.empty(32, np.float32)
@@ -292,13 +369,12 @@ def quantize_superblock(x, o, qw, use_qw, xxs, tabs, out, ob):
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def _kernel(rows, qw, rows_per_qw, use_qw, xxs, points, kmap, neigh, out, failed):
+def _kernel(rows, qw, rows_per_qw, use_qw, xxs, tabs, out, failed):
     """Every super-block of ``rows`` into ``out`` (one super-block per task);
     ``failed[t]`` set for the super-blocks ggml aborts on."""
     nrows, n_per_row = rows.shape
     nb = n_per_row // QK
     type_size = out.shape[1] // nb
-    tabs = (points, kmap, neigh)
     for t in prange(nrows * nb):
         r = t // nb
         i = t - r * nb
@@ -309,7 +385,8 @@ def _kernel(rows, qw, rows_per_qw, use_qw, xxs, points, kmap, neigh, out, failed
 
 def quantize(x, imatrix, out, xxs: bool, grid: np.ndarray, name: str, type_size: int):
     """``quantize_iq3_xxs`` (``xxs``) or ``quantize_iq3_s`` of rows ``x`` (see the module)."""
-    points, kmap, neigh = tables(grid.tobytes(), grid.shape[0])
+    key = (grid.tobytes(), grid.shape[0])
+    tabs = (*tables(*key), *lanes(*key))
     rows = as_rows(x, QK, name)
     dst = quantize_out(out, (rows.shape[0], rows.shape[1] // QK * type_size), name)
     if imatrix is None:
@@ -318,8 +395,7 @@ def quantize(x, imatrix, out, xxs: bool, grid: np.ndarray, name: str, type_size:
         qw, rows_per_qw = as_imatrix(imatrix, rows, name)
     if rows.size:
         failed = np.zeros(rows.size // QK, np.bool_)
-        _kernel(rows, qw, max(rows_per_qw, 1), imatrix is not None, xxs, points, kmap, neigh,
-                dst, failed)  # fmt: skip
+        _kernel(rows, qw, max(rows_per_qw, 1), imatrix is not None, xxs, tabs, dst, failed)
         if failed.any():
             raise aborts_error(name, int(np.argmax(failed)))
     return out if out is not None else dst.reshape(out_shape(np.shape(x), QK, type_size))

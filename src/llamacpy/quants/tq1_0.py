@@ -71,14 +71,17 @@ def _quantize_ref_kernel(x, out):
     for i in prange(x.size // QK):
         o, ob = i * QK, i * TYPE_SIZE
         inv = absmax_scale(x, o, out, ob + 52)
+        t = np.empty(QK, np.int32)
+        for j in range(QK):
+            t[j] = trit_code(x[o + j] * inv)
         for b0, nb, nd, e0 in _RUNS:
             for m in range(nb):
-                q = 0
+                q = np.int32(0)  # C's uint8_t wraps: the low byte is all that counts
                 for n in range(nd):
-                    q = (q * 3 + trit_code(x[o + e0 + nb * n + m] * inv)) & 0xFF
+                    q = q * 3 + t[e0 + nb * n + m]
                 if nd == 4:  # the first digit to the most significant place
-                    q = (q * 3) & 0xFF
-                out[ob + b0 + m] = pack_byte(q)
+                    q *= 3
+                out[ob + b0 + m] = pack_byte(q & 0xFF)
 
 
 def quantize(x, imatrix=None, out=None) -> np.ndarray:

@@ -18,13 +18,13 @@ from llamacpy.quants._helpers import (
     F1,
     F32,
     fp32_to_fp16_np,
-    roundf,
     roundf_np,
     run_quantize,
     run_quantize_np,
     store_f16,
 )
 from llamacpy.quants._iqgrid import QK, register_format, u16
+from llamacpy.simd import vabs, vhmax, vhsum, vload_f32, vmax, vzero_f32
 
 TYPE = GGMLType.TQ2_0
 BLOCK = np.dtype([("qs", "u1", (QK // 4,)), ("d", "<f2")])
@@ -62,27 +62,45 @@ def decode_numpy(b: np.ndarray):
 
 # ----------------------------------------------------------------------------- quantize
 
-_2P63 = F32(2.0**63)
-_LONG_MIN = -(2**63)
+_2P31 = F32(2.0**31)
+_HALF = F32(0.5)
 
 
 @njit(cache=True, inline="always")
 def trit_code(v):
-    """``lroundf(v) + 1`` stored into a C ``int``: glibc's ``lroundf`` (half away from zero;
-    ``LONG_MIN`` for NaN and anything outside the ``long`` range), then the low 32 bits."""
-    r = np.int64(roundf(v)) if abs(v) < _2P63 else np.int64(_LONG_MIN)
-    return ((r + 1 + 2**31) & 0xFFFFFFFF) - 2**31
+    """The low byte of ``lroundf(v) + 1`` (ggml's digit; only its low bits are stored).
+
+    glibc's ``lroundf`` rounds half away from zero and gives ``LONG_MIN`` for NaN and
+    anything outside the ``long`` range. From ``2**31`` on every float is a multiple of 256,
+    as is ``LONG_MIN``, so the byte is then 1.
+    """
+    if not abs(v) < _2P31:
+        return 1
+    t = np.int32(v)  # truncation toward zero, exact here
+    r = t + (np.int32(1) if v > F0 else np.int32(-1)) if abs(v - F32(t)) >= _HALF else t
+    return (r + 1) & 0xFF
 
 
 @njit(cache=True, inline="always")
 def absmax_scale(x, o, out, o_d):
-    """ggml's ternary block scale: ``d`` = the largest ``|x|`` of ``x[o:o + 256]`` (C's
-    ``MAX``, so a NaN is kept only when last), stored as f16 at ``out[o_d]``; returns
-    ``1 / d`` (0 for ``d == 0``)."""
-    amax = F0
-    for j in range(QK):
-        a = abs(x[o + j])
-        amax = amax if amax > a else a
+    """ggml's ternary block scale: ``d`` = the largest ``|x|`` of ``x[o:o + 256]``, stored
+    as f16 at ``out[o_d]``; returns ``1 / d`` (0 for ``d == 0``).
+
+    Sixteen lanes at a time; a block with a NaN or an infinity takes C's sequential ``MAX``
+    instead (where a NaN is kept only when last, and resets the maximum otherwise).
+    """
+    mv = vzero_f32()
+    chk = vzero_f32()
+    for j in range(0, QK, 16):
+        a = vabs(vload_f32(x, o + j))
+        mv = vmax(mv, a)
+        chk = chk + (a - a)  # NaN from here on if any lane is inf or NaN
+    amax = vhmax(mv)
+    if vhsum(chk) != F0:
+        amax = F0
+        for j in range(QK):
+            a = abs(x[o + j])
+            amax = amax if amax > a else a
     store_f16(out, o_d, amax)
     return F1 / amax if amax != F0 else F0
 
@@ -96,7 +114,7 @@ def _quantize_ref_kernel(x, out):
             for m in range(32):
                 q = 0
                 for n in range(4):
-                    q += (trit_code(x[o + 128 * h + 32 * n + m] * inv) & 3) << (2 * n)
+                    q |= (trit_code(x[o + 128 * h + 32 * n + m] * inv) & 3) << (2 * n)
                 out[ob + 32 * h + m] = q
 
 
@@ -108,9 +126,9 @@ def quantize(x, imatrix=None, out=None) -> np.ndarray:
 
 def trit_code_np(v: np.ndarray) -> np.ndarray:
     """Vectorized :func:`trit_code` (int64)."""
-    ok = np.abs(v) < _2P63
-    r = np.where(ok, roundf_np(np.where(ok, v, F0)).astype(np.int64), _LONG_MIN)
-    return ((r + 1 + 2**31) & 0xFFFFFFFF) - 2**31
+    ok = np.abs(v) < _2P31
+    r = roundf_np(np.where(ok, v, F0)).astype(np.int64)
+    return np.where(ok, (r + 1) & 0xFF, 1)
 
 
 def ternary_np(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
