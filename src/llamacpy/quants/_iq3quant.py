@@ -231,20 +231,22 @@ def _prepare(x, o, qw, use_qw, sigma2, xxs, weight, waux, xval, signs):
     return mx
 
 
-@njit(cache=True, error_model="numpy")
-def _round_groups(idv, scale, xval, waux, tabs, L, on, only_off):
+@njit(cache=True, inline="always")
+def _round_groups(idv, scale, xval, waux, tabs, L, on, only_off, lv):
     """Levels of the 8 groups at ``1 / idv`` (grid neighbours at ``scale`` where off the
     grid) to ``L``; ``on[k]`` whether group ``k`` rounded onto the grid. With ``only_off``
-    the groups already on the grid are left as they are. False where ggml aborts."""
+    the groups already on the grid are left as they are. False where ggml aborts. ``lv``:
+    scratch (32 int32)."""
     kmap = tabs[1]
+    for i in range(32):  # every level first (a vectorizable loop), then the groups
+        lv[i] = max(0, min(KMAX - 1, nearest_int(_HALF * (idv * xval[i] - F1))))
     for k in range(8):
         if only_off and on[k]:
             continue
         u = 0
         for i in range(4):
-            l = max(0, min(KMAX - 1, nearest_int(_HALF * (idv * xval[4 * k + i] - F1))))
-            L[4 * k + i] = l
-            u |= l << (3 * i)
+            L[4 * k + i] = lv[4 * k + i]
+            u |= lv[4 * k + i] << (3 * i)
         gi = kmap[u]
         if not only_off:
             on[k] = gi >= 0
@@ -253,7 +255,7 @@ def _round_groups(idv, scale, xval, waux, tabs, L, on, only_off):
     return True
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, inline="always")
 def _sums(weight, xval, L):
     sumqx = F0
     sumq2 = F0
@@ -270,6 +272,7 @@ def _search(mx, xxs, weight, waux, xval, tabs, L):
     """The sub-block's scale and levels ``L``: the trial-scale search, then the pass that
     re-rounds the groups off the grid at the found scale. NaN where ggml aborts."""
     Laux = np.empty(32, np.int64)
+    lv = np.empty(32, np.int32)
     on = np.empty(8, np.bool_)
     on_aux = np.empty(8, np.bool_)
     on[:] = xxs
@@ -278,7 +281,7 @@ def _search(mx, xxs, weight, waux, xval, tabs, L):
     nis = 15 if xxs else 9
     for step in range(-nis, nis + 1):
         idv = (_15 + F32(step) * _FIFTH) / mx
-        if not _round_groups(idv, F1 / idv, xval, waux, tabs, Laux, on_aux, False):
+        if not _round_groups(idv, F1 / idv, xval, waux, tabs, Laux, on_aux, False, lv):
             return np.float32(np.nan)
         sumqx, sumq2 = _sums(weight, xval, Laux)
         if sumq2 > F0 and sumqx * sumqx > best * sumq2:
@@ -289,7 +292,7 @@ def _search(mx, xxs, weight, waux, xval, tabs, L):
     if not on.all() and scale > F0:
         if not xxs:
             on[:] = False  # IQ3_S re-rounds every group
-        if not _round_groups(F1 / scale, scale, xval, waux, tabs, L, on, True):
+        if not _round_groups(F1 / scale, scale, xval, waux, tabs, L, on, True, lv):
             return np.float32(np.nan)
         sumqx, sumq2 = _sums(weight, xval, L)
         if sumq2 > F0:
