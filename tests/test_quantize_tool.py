@@ -177,7 +177,16 @@ def _model_name(path: Path) -> str:
 
 DATA_CASES = [
     ("smollm2-135m", c)
-    for c in ("Q8_0", "Q4_0", "Q4_K_M", "F16", "imatrix-Q4_K_M", "imatrix-dat-IQ4_NL")
+    for c in (
+        "Q8_0",
+        "Q4_0",
+        "Q4_K_M",
+        "F16",
+        "imatrix-Q4_K_M",
+        "imatrix-dat-IQ4_NL",
+        "TQ1_0",
+        "TQ2_0",
+    )
 ]
 # cases checked on the first blocks only (IQ4_NL's search is slow: ~1 min for the whole model)
 PARTIAL = {"imatrix-dat-IQ4_NL": ("blk.0.", "blk.1.", "blk.2.", "blk.29.")}
