@@ -533,6 +533,24 @@ def test_nan_weights_are_refused(tmp_path: Path, name: str) -> None:
     assert not out.exists() and data
 
 
+def test_weights_llama_cpp_cannot_quantize_to_iq3_are_refused(tmp_path: Path) -> None:
+    """llama.cpp's IQ3 quantizers abort the process on finite weights of about 1e12 and up
+    (their distances overflow): ours stop with an error naming the tensor and the row."""
+    src = tmp_path / "tiny.gguf"
+    _tiny_model(src)
+    with GGUFReader(src) as r:
+        t = r.tensor("blk.0.ffn_down.weight")
+        offset, ne0 = t.data_offset + 4 * 3 * t.shape[0], t.shape[0]
+    raw = bytearray(src.read_bytes())
+    raw[offset + 4 * 256 : offset + 4 * 512] = np.full(256, 1e13, np.float32).tobytes()
+    src.write_bytes(bytes(raw))
+    out = tmp_path / "o.gguf"
+    msg = r"IQ3_S: .*aborts on row 3, values 256\.\.511: .*'blk\.0\.ffn_down\.weight'"
+    with pytest.raises(GGUFError, match=msg):
+        quantize_model(src, out, QuantizeParams(parse_preset("IQ3_S").ftype))
+    assert not out.exists() and ne0 == 512
+
+
 def test_validation_of_blocks() -> None:
     from llamacpy.quantize.validate import invalid_data
 

@@ -16,7 +16,7 @@ from the grids on first use and kept.
 Where ggml's quantizer aborts the process (an off-grid group whose every neighbour has a NaN
 or overflowing weighted distance, or a NaN sub-block scale: NaN or infinite input, or
 magnitudes from about 1e12 on, whose cubes overflow float32), :func:`quantize` raises
-:class:`QuantError` naming the super-block; the bytes ggml would write elsewhere are not
+:class:`QuantError` naming the row and the super-block; the bytes ggml would write elsewhere are not
 defined there. Where ggml gets through non-finite input, the bytes are its bytes.
 """
 
@@ -400,15 +400,17 @@ def quantize(x, imatrix, out, xxs: bool, grid: np.ndarray, name: str, type_size:
         failed = np.zeros(rows.size // QK, np.bool_)
         _kernel(rows, qw, max(rows_per_qw, 1), imatrix is not None, xxs, tabs, dst, failed)
         if failed.any():
-            raise aborts_error(name, int(np.argmax(failed)))
+            raise aborts_error(name, int(np.argmax(failed)), rows.shape[1])
     return out if out is not None else dst.reshape(out_shape(np.shape(x), QK, type_size))
 
 
-def aborts_error(name: str, block: int) -> QuantError:
+def aborts_error(name: str, block: int, n_per_row: int) -> QuantError:
+    """The error for super-block ``block`` (counted over all rows) of an input."""
+    row, col = divmod(block * QK, n_per_row)
     return QuantError(
-        f"{name}: llama.cpp's quantizer aborts on super-block {block} (values "
-        f"{block * QK}..{block * QK + QK - 1} of the input): NaN or infinite values, or "
-        "magnitudes too large for its float32 distances (about 1e12 and up)"
+        f"{name}: llama.cpp's quantizer aborts on row {row}, values {col}..{col + QK - 1}: "
+        "NaN or infinite values, or magnitudes too large for its float32 distances (about "
+        "1e12 and up)"
     )
 
 
@@ -567,18 +569,21 @@ def _superblocks_np(xb: np.ndarray, qw: np.ndarray | None, xxs: bool, grid: np.n
         out[:, _S_QH : _S_QH + 8] = np.where(act, ((gi >> 8) << np.arange(8)).sum(axis=2), 0)
         sc = np.where(has[:, None], ls, 0)
         out[:, _S_SC : _S_SC + 4] = sc[:, 0::2] | (sc[:, 1::2] << 4)
-    if failed.any():
-        raise aborts_error("IQ3_XXS" if xxs else "IQ3_S", int(np.argmax(failed)))
-    return out.astype(np.uint8)
+    return out.astype(np.uint8), failed
 
 
 def quantize_numpy(x, imatrix, xxs: bool, grid: np.ndarray, name: str, type_size: int):
     """Vectorized numpy twin of :func:`quantize` (super-blocks as rows of 256 weights)."""
 
+    def checked(out, failed):
+        if failed.any():
+            raise aborts_error(name, int(np.argmax(failed)), np.shape(x)[-1])
+        return out
+
     def impl(rows, qw_rows):
-        return _superblocks_np(rows.reshape(-1, QK), qw_rows.reshape(-1, QK), xxs, grid)
+        return checked(*_superblocks_np(rows.reshape(-1, QK), qw_rows.reshape(-1, QK), xxs, grid))
 
     def ref(blocks):
-        return _superblocks_np(blocks, None, xxs, grid)
+        return checked(*_superblocks_np(blocks, None, xxs, grid))
 
     return run_quantize_np(ref, impl, x, imatrix, QK, type_size, name)
