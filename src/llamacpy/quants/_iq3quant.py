@@ -16,8 +16,8 @@ from the grids on first use and kept.
 Where ggml's quantizer aborts the process (an off-grid group whose every neighbour has a NaN
 or overflowing weighted distance, or a NaN sub-block scale: NaN or infinite input, or
 magnitudes from about 1e12 on, whose cubes overflow float32), :func:`quantize` raises
-:class:`QuantError` naming the row and the super-block; the bytes ggml would write elsewhere are not
-defined there. Where ggml gets through non-finite input, the bytes are its bytes.
+:class:`QuantError` naming the row and the super-block (ggml writes no file there). Where
+ggml gets through non-finite input, the bytes are its bytes.
 """
 
 from __future__ import annotations
