@@ -56,6 +56,10 @@ FORMATS = [
     "IQ4_NL",
     "IQ4_XS",
     "MXFP4",
+    "TQ1_0",
+    "TQ2_0",
+    "IQ3_XXS",
+    "IQ3_S",
 ]
 PRESETS = ("Q8_0", "Q4_0", "Q4_K_M")
 CHUNK_ROWS = 64  # rows of 4096 values: 256K values per work item (as our pipeline)

@@ -9,6 +9,10 @@ K-quant tensors of the Q4_K_M case, a 16-bit hash of every block (tests accept >
 identical blocks there).
 
     python scripts/make_quantize_fixtures.py [--bin .../llama-quantize] [--only smollm2-135m]
+        [--cases TQ1_0 TQ2_0]
+
+With ``--cases`` only those cases run, and their entries replace (or join) the ones in the
+existing fixture files.
 
 Importance-matrix cases use small synthetic imatrix files (GGUF and legacy) built by
 :func:`write_imatrix_files` from a formula, so the tests can rebuild them byte for byte.
@@ -55,6 +59,8 @@ PRESETS = [
     "IQ4_NL",
     "IQ4_XS",
     "COPY",
+    "TQ1_0",
+    "TQ2_0",
 ]
 IMATRIX_GGUF = "synthetic.imatrix.gguf"
 IMATRIX_DAT = "synthetic.imatrix.dat"
@@ -91,7 +97,16 @@ OPTION_CASES: dict[str, tuple[list[str], str]] = {
 }
 # cases whose data the tests recompute: per-tensor hashes (and K-quant block hashes)
 DATA_CASES = {
-    "smollm2-135m": {"Q8_0", "Q4_0", "Q4_K_M", "imatrix-Q4_K_M", "imatrix-dat-IQ4_NL", "F16"},
+    "smollm2-135m": {
+        "Q8_0",
+        "Q4_0",
+        "Q4_K_M",
+        "imatrix-Q4_K_M",
+        "imatrix-dat-IQ4_NL",
+        "F16",
+        "TQ1_0",
+        "TQ2_0",
+    },
     "gemma3-270m": set(),
 }
 BLOCK_CASES = {"Q4_K_M"}  # cases whose K-quant tensors get per-block hashes
@@ -214,6 +229,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bin", default=DEFAULT_BIN, help="llama-quantize")
     ap.add_argument("--only", choices=MODELS, action="append", help="model(s) to do")
+    ap.add_argument("--cases", nargs="+", help="only these cases, merged into the fixtures")
     args = ap.parse_args()
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     for name in args.only or MODELS:
@@ -221,6 +237,19 @@ def main() -> None:
         cases = {p: ([], p) for p in PRESETS} | OPTION_CASES
         result: dict = {"model": name, "input_sha256": sha256_file(model), "cases": {}}
         blocks: dict[str, np.ndarray] = {}
+        path, blocks_path = OUT_DIR / f"{name}.json", OUT_DIR / f"{name}.blocks.npz"
+        if args.cases:
+            unknown = set(args.cases) - set(cases)
+            if unknown:
+                sys.exit(f"unknown cases: {sorted(unknown)}")
+            cases = {c: cases[c] for c in args.cases}
+            old = json.loads(path.read_text())
+            if old["input_sha256"] != result["input_sha256"]:
+                sys.exit(f"{path} was made from another input file")
+            result |= {"tensors": old["tensors"], "cases": old["cases"]}
+            if blocks_path.exists():
+                with np.load(blocks_path) as f:
+                    blocks = {k: f[k] for k in f.files if k.split("/")[0] not in cases}
         with tempfile.TemporaryDirectory() as tmp:
             work = Path(tmp)
             write_imatrix_files(model, work)
@@ -238,10 +267,9 @@ def main() -> None:
                 result["cases"][case] = entry
                 print(f"{name} {case}: {secs:.2f} s", file=sys.stderr)
                 out.unlink()
-        path = OUT_DIR / f"{name}.json"
         path.write_text(json.dumps(result, indent=1) + "\n")
         if blocks:
-            np.savez_compressed(OUT_DIR / f"{name}.blocks.npz", **blocks)
+            np.savez_compressed(blocks_path, **blocks)
         print(f"wrote {path}", file=sys.stderr)
 
 

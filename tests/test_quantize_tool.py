@@ -177,7 +177,16 @@ def _model_name(path: Path) -> str:
 
 DATA_CASES = [
     ("smollm2-135m", c)
-    for c in ("Q8_0", "Q4_0", "Q4_K_M", "F16", "imatrix-Q4_K_M", "imatrix-dat-IQ4_NL")
+    for c in (
+        "Q8_0",
+        "Q4_0",
+        "Q4_K_M",
+        "F16",
+        "imatrix-Q4_K_M",
+        "imatrix-dat-IQ4_NL",
+        "TQ1_0",
+        "TQ2_0",
+    )
 ]
 # cases checked on the first blocks only (IQ4_NL's search is slow: ~1 min for the whole model)
 PARTIAL = {"imatrix-dat-IQ4_NL": ("blk.0.", "blk.1.", "blk.2.", "blk.29.")}
@@ -522,6 +531,24 @@ def test_nan_weights_are_refused(tmp_path: Path, name: str) -> None:
     with pytest.raises(GGUFError, match=r"invalid data: found 1 NaN"):
         quantize_model(src, out, QuantizeParams(parse_preset("Q8_0").ftype))
     assert not out.exists() and data
+
+
+def test_weights_llama_cpp_cannot_quantize_to_iq3_are_refused(tmp_path: Path) -> None:
+    """llama.cpp's IQ3 quantizers abort the process on finite weights of about 1e12 and up
+    (their distances overflow): ours stop with an error naming the tensor and the row."""
+    src = tmp_path / "tiny.gguf"
+    _tiny_model(src)
+    with GGUFReader(src) as r:
+        t = r.tensor("blk.0.ffn_down.weight")
+        offset, ne0 = t.data_offset + 4 * 3 * t.shape[0], t.shape[0]
+    raw = bytearray(src.read_bytes())
+    raw[offset + 4 * 256 : offset + 4 * 512] = np.full(256, 1e13, np.float32).tobytes()
+    src.write_bytes(bytes(raw))
+    out = tmp_path / "o.gguf"
+    msg = r"IQ3_S: .*aborts on row 3, values 256\.\.511: .*'blk\.0\.ffn_down\.weight'"
+    with pytest.raises(GGUFError, match=msg):
+        quantize_model(src, out, QuantizeParams(parse_preset("IQ3_S").ftype))
+    assert not out.exists() and ne0 == 512
 
 
 def test_validation_of_blocks() -> None:

@@ -3,6 +3,8 @@ quantizers byte for byte against gguf-py (llama.cpp's own Python reference)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import gguf
 import gguf.quants as gq
 import numpy as np
@@ -22,8 +24,9 @@ ALL = [
     "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0",
 ]  # fmt: skip
 # the grid and ternary formats dequantize only
-DEQUANT_ONLY = {"IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0",
-                "TQ2_0"}  # fmt: skip
+DEQUANT_ONLY = {"IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M"}
+# llama.cpp aborts on some non-finite or huge input in these: our quantizers raise QuantError
+ABORTING = {"IQ3_XXS", "IQ3_S"}
 QUANT = [t for t in ALL if t not in DEQUANT_ONLY]
 GGUF_DEQUANT = [t for t in ALL if t not in ("Q8_1", "Q8_K")]  # gguf-py has no Q8_1/Q8_K
 GGUF_QUANT = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "BF16", "MXFP4"]  # all gguf-py quantizes
@@ -31,7 +34,7 @@ VEC_DOT = {
     "F32": "F32", "F16": "F16", "BF16": "BF16", "Q4_0": "Q8_0", "Q4_1": "Q8_1", "Q5_0": "Q8_0",
     "Q5_1": "Q8_1", "Q8_0": "Q8_0", "Q8_1": "Q8_1", "Q2_K": "Q8_K", "Q3_K": "Q8_K",
     "Q4_K": "Q8_K", "Q5_K": "Q8_K", "Q6_K": "Q8_K", "Q8_K": None, "IQ4_NL": "Q8_0",
-    "IQ4_XS": "Q8_K", "MXFP4": "Q8_0", **dict.fromkeys(DEQUANT_ONLY, "Q8_K"),
+    "IQ4_XS": "Q8_K", "MXFP4": "Q8_0", **dict.fromkeys(ALL[ALL.index("IQ2_XXS") :], "Q8_K"),
 }  # fmt: skip
 
 
@@ -220,6 +223,8 @@ def test_quantize_into_out_equals_new_array(name):
     bs = 256 if fmt.block_size == 1 else fmt.block_size
     x = np.random.default_rng(3).standard_normal((5, 2 * bs)).astype(np.float32)
     x[1, 3] = np.nan  # ggml's arithmetic on NaN rows is part of the bytes
+    if name in ABORTING:  # ggml aborts on that row (test_tq_iq3_quantize_equals_ggml_fixture)
+        x[1, 3] = 0.0
     imatrix = np.abs(np.random.default_rng(4).standard_normal(2 * bs)).astype(np.float32)
     for qw in (None, imatrix):
         expected = fmt.quantize(x, qw)
@@ -320,12 +325,15 @@ def test_quantize_numba_equals_numpy_twin(name):
     rng = np.random.default_rng(11)
     im = (rng.uniform(0, 3, 256) ** 2).astype(np.float32)
     x = np.concatenate([CASES[c] for c in sorted(CASES)], axis=0)
+    if name in ABORTING:  # both raise on the 1e30 rows
+        x = x[np.abs(x).max(axis=1) < 1e12]
     assert np.array_equal(fmt.quantize(x), fmt.quantize_numpy(x))
     assert np.array_equal(fmt.quantize(x, im), fmt.quantize_numpy(x, im))
 
 
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K",
-                                  "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"])  # fmt: skip
+                                  "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "IQ3_XXS",
+                                  "IQ3_S"])  # fmt: skip
 def test_imatrix_path_twins_and_per_matrix_vectors(name):
     fmt = Q.get(name)
     rng = np.random.default_rng(5)
@@ -337,3 +345,26 @@ def test_imatrix_path_twins_and_per_matrix_vectors(name):
     assert np.array_equal(q[0], fmt.quantize(x[0], im[0]))
     assert np.array_equal(q[1], fmt.quantize(x[1], im[1]))
     assert not np.array_equal(q, fmt.quantize(x))  # the weights do change the result
+
+
+TQ_IQ3 = Path(__file__).parent / "fixtures" / "quants" / "tq_iq3_quant.npz"
+
+
+@pytest.mark.parametrize("name", ["TQ1_0", "TQ2_0", "IQ3_XXS", "IQ3_S"])
+def test_tq_iq3_quantize_equals_ggml_fixture(name):
+    """ggml's bytes (scripts/make_tq_iq3_fixtures.py), with and without importance weights;
+    on a row with a NaN, ggml's bytes where it has them, else (the IQ3 types abort there)
+    QuantError from both of ours."""
+    f = np.load(TQ_IQ3)
+    fmt = Q.get(name)
+    for x, im, key in ((f["x"], None, name), (f["x"], f["im"], f"{name}/im")):
+        expected = f[key].reshape(x.shape[0], -1)
+        assert np.array_equal(fmt.quantize(x, im), expected), key
+        assert np.array_equal(fmt.quantize_numpy(x, im), expected), key
+    expected = f[f"{name}/nan"]
+    if expected.size:
+        assert np.array_equal(fmt.quantize(f["x_nan"]).reshape(-1), expected)
+    else:
+        for quantize in (fmt.quantize, fmt.quantize_numpy):
+            with pytest.raises(Q.QuantError, match=rf"{name}: .*aborts on row 0, values 0\.\.255"):
+                quantize(f["x_nan"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import signal
 
 import numpy as np
 import pytest
@@ -25,6 +26,10 @@ pytestmark = [
 
 CHUNK = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
          "IQ4_NL", "IQ4_XS", "MXFP4", "F16", "BF16"]  # fmt: skip
+CHUNK += ["TQ1_0", "TQ2_0"]  # importance weights: ignored by ggml
+# ggml aborts the process on some input of these (NaN, inf, magnitudes of 1e12 and up), where
+# ours raise QuantError: ggml runs them in a forked child
+ABORTING = ["IQ3_XXS", "IQ3_S"]
 ROW_REF = {"Q8_1": "q8_1", "Q8_K": "q8_K"}  # not in ggml_quantize_chunk
 
 
@@ -35,6 +40,7 @@ def lib():
     lib.ggml_quantize_chunk.argtypes = [ctypes.c_int, p, p, i64, i64, i64, p]
     lib.ggml_quantize_chunk.restype = ctypes.c_size_t
     lib.ggml_fp32_to_fp16_row.argtypes = [p, p, i64]
+    lib.ggml_quantize_init.argtypes = [ctypes.c_int]
     return lib
 
 
@@ -93,6 +99,50 @@ def test_quantize_chunk_matches_ggml(lib, name, case):
     assert np.array_equal(Q.quantize(x, name), ggml_quantize(lib, x, name)), "no imatrix"
     im = (np.random.default_rng(1).uniform(0, 2, x.shape[1]) ** 2).astype(np.float32)
     assert np.array_equal(Q.quantize(x, name, imatrix=im), ggml_quantize(lib, x, name, im))
+
+
+def ggml_quantize_forked(lib, x: np.ndarray, name: str, imatrix=None) -> np.ndarray | None:
+    """``ggml_quantize``, run in a forked child: None where ggml aborted."""
+    lib.ggml_quantize_init(int(GGMLType[name]))  # the tables are built before the fork
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            os.environ["GGML_NO_BACKTRACE"] = "1"
+            with os.fdopen(w, "wb") as f:
+                f.write(ggml_quantize(lib, x, name, imatrix).tobytes())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGABRT:
+        return None
+    assert status == 0
+    return np.frombuffer(data, np.uint8).reshape(x.shape[0], -1)
+
+
+@pytest.mark.parametrize("name", ABORTING)
+@pytest.mark.parametrize("case", sorted(DATA))
+def test_quantize_chunk_matches_ggml_or_both_refuse(lib, name, case):
+    """ggml's bytes wherever ggml has them; QuantError on exactly the rows ggml aborts on."""
+    x = DATA[case]
+    im = (np.random.default_rng(1).uniform(0, 2, x.shape[1]) ** 2).astype(np.float32)
+    for qw in (None, im):
+        ref = ggml_quantize_forked(lib, x, name, qw)
+        if ref is not None:
+            assert np.array_equal(Q.quantize(x, name, imatrix=qw), ref)
+            continue
+        for r in range(x.shape[0]):  # row by row: which rows ggml aborts on
+            row = x[r : r + 1]
+            ref = ggml_quantize_forked(lib, row, name, qw)
+            if ref is None:
+                with pytest.raises(Q.QuantError, match="aborts"):
+                    Q.quantize(row, name, imatrix=qw)
+            else:
+                assert np.array_equal(Q.quantize(row, name, imatrix=qw), ref), (r, qw is None)
 
 
 @pytest.mark.parametrize("name", sorted(ROW_REF))

@@ -110,7 +110,11 @@ def _convert_rows(job: TensorJob, out: np.ndarray, row0: int, nrows: int, mat: i
     qw = job.imatrix[mat] if job.imatrix is not None else None
     x = _rows_f32(job.tensor, row0, nrows)
     q = out[row0 : row0 + nrows]  # whole rows: contiguous, written in place
-    quants.get(job.target).quantize(x, qw, q)
+    try:
+        quants.get(job.target).quantize(x, qw, q)
+    except quants.QuantError as err:  # input llama.cpp's quantizer aborts on (IQ3 types)
+        where = f" (rows counted from row {row0} of the tensor)" if row0 else ""
+        raise GGUFError(f"{err}{where}", tensor=job.name) from None
     problem = invalid_data(job.target, q)
     if problem:
         raise GGUFError(f"quantized data validation failed: {problem}", tensor=job.name)

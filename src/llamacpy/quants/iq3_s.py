@@ -3,7 +3,8 @@ bytes of high index bits (9-bit indices into the 512-point ``iq3s_grid``, 4 magn
 each), 32 sign bytes (one per 8 weights) and one byte per 64 weights with two 4-bit scales
 ``ls`` (one per 32): ``x = d * (1 + 2 * ls) * grid * sign``.
 
-Dequantize only (ggml's ``dequantize_row_iq3_s``).
+Quantization is ggml's ``quantize_iq3_s`` (see :mod:`._iq3quant`), with or without
+importance weights.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import numpy as np
 from numba import njit
 
 from llamacpy.gguf.constants import GGMLType
+from llamacpy.quants import _iq3quant
 from llamacpy.quants import _iqgrid as G
 from llamacpy.quants._helpers import F32
 
@@ -68,5 +70,19 @@ def decode_numpy(b: np.ndarray):
     return b["d"], v.reshape(-1, G.QK), 1 + 2 * sc
 
 
-FORMAT = G.register_format(TYPE, BLOCK, NSUB, C, decode_numpy, mult_numpy)
+def quantize(x, imatrix=None, out=None) -> np.ndarray:
+    """Quantize rows (last axis) to IQ3_S bytes, as llama.cpp's ``quantize_iq3_s`` (numba).
+
+    Raises :class:`~llamacpy.quants.QuantError` where llama.cpp's quantizer aborts (some NaN
+    or infinite input, magnitudes of about 1e12 and up).
+    """
+    return _iq3quant.quantize(x, imatrix, out, False, GRID, TYPE.name, TYPE_SIZE)
+
+
+def quantize_numpy(x, imatrix=None) -> np.ndarray:
+    """Vectorized numpy twin of :func:`quantize`."""
+    return _iq3quant.quantize_numpy(x, imatrix, False, GRID, TYPE.name, TYPE_SIZE)
+
+
+FORMAT = G.register_format(TYPE, BLOCK, NSUB, C, decode_numpy, mult_numpy, quantize, quantize_numpy)
 dequantize, dequantize_numpy = FORMAT.dequantize, FORMAT.dequantize_numpy

@@ -3,7 +3,8 @@
 7-bit sign fields (the eighth sign is the parity) and a 4-bit scale ``ls``:
 ``x = d * (0.5 + ls) * 0.5 * grid * sign``.
 
-Dequantize only (ggml's ``dequantize_row_iq3_xxs``).
+Quantization is ggml's ``quantize_iq3_xxs`` (see :mod:`._iq3quant`), with or without
+importance weights.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import numpy as np
 from numba import njit
 
 from llamacpy.gguf.constants import GGMLType
+from llamacpy.quants import _iq3quant
 from llamacpy.quants import _iqgrid as G
 from llamacpy.quants._helpers import F32
 
@@ -57,5 +59,19 @@ def decode_numpy(b: np.ndarray):
     return b["d"], v.reshape(-1, G.QK), 2 * (aux >> 28) + 1
 
 
-FORMAT = G.register_format(TYPE, BLOCK, NSUB, C, decode_numpy, mult_numpy)
+def quantize(x, imatrix=None, out=None) -> np.ndarray:
+    """Quantize rows (last axis) to IQ3_XXS bytes, as llama.cpp's ``quantize_iq3_xxs`` (numba).
+
+    Raises :class:`~llamacpy.quants.QuantError` where llama.cpp's quantizer aborts (some NaN
+    or infinite input, magnitudes of about 1e12 and up).
+    """
+    return _iq3quant.quantize(x, imatrix, out, True, GRID, TYPE.name, TYPE_SIZE)
+
+
+def quantize_numpy(x, imatrix=None) -> np.ndarray:
+    """Vectorized numpy twin of :func:`quantize`."""
+    return _iq3quant.quantize_numpy(x, imatrix, True, GRID, TYPE.name, TYPE_SIZE)
+
+
+FORMAT = G.register_format(TYPE, BLOCK, NSUB, C, decode_numpy, mult_numpy, quantize, quantize_numpy)
 dequantize, dequantize_numpy = FORMAT.dequantize, FORMAT.dequantize_numpy

@@ -3,17 +3,20 @@ each (``q = (uint8)(byte * 3**n) * 3 >> 8``; bytes 0..31 give elements ``32 n + 
 32..47 elements ``160 + 16 n + m``), 4 bytes of four digits each (elements ``240 + 4 n + j``)
 and an f16 ``d``: ``x = (q - 1) * d``.
 
-Dequantize only (ggml's ``dequantize_row_tq1_0``).
+Quantization is ggml's ``quantize_row_tq1_0_ref`` (``d`` and the digits ``q`` as in TQ2_0;
+each byte holds its digits, the first most significant, scaled by ``256 / 243`` rounding
+up); llama.cpp ignores importance weights for TQ1_0, and so does :func:`quantize`.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from llamacpy.gguf.constants import GGMLType
-from llamacpy.quants._iqgrid import register_format, u16
-from llamacpy.quants.tq2_0 import mult_numpy
+from llamacpy.quants._helpers import run_quantize, run_quantize_np
+from llamacpy.quants._iqgrid import QK, register_format, u16
+from llamacpy.quants.tq2_0 import absmax_scale, mult_numpy, ternary_np, trit_code
 
 TYPE = GGMLType.TQ1_0
 BLOCK = np.dtype([("qs", "u1", (48,)), ("qh", "u1", (4,)), ("d", "<f2")])
@@ -53,5 +56,58 @@ def decode_numpy(b: np.ndarray):
     return b["d"], np.concatenate(parts, axis=1), np.ones((len(b), 1), np.int64)
 
 
-FORMAT = register_format(TYPE, BLOCK, NSUB, C, decode_numpy, mult_numpy)
+# ----------------------------------------------------------------------------- quantize
+
+
+@njit(cache=True, inline="always")
+def pack_byte(q):
+    """A byte of base-3 digits ``q`` (the five-digit value) as stored: ``ceil(q * 256 / 243)``
+    (C's ``uint8_t`` arithmetic: wraps modulo 256)."""
+    return ((q * 256 + 242) // 243) & 0xFF
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def _quantize_ref_kernel(x, out):
+    for i in prange(x.size // QK):
+        o, ob = i * QK, i * TYPE_SIZE
+        inv = absmax_scale(x, o, out, ob + 52)
+        t = np.empty(QK, np.int32)
+        for j in range(QK):
+            t[j] = trit_code(x[o + j] * inv)
+        for b0, nb, nd, e0 in _RUNS:
+            for m in range(nb):
+                q = np.int32(0)  # C's uint8_t wraps: the low byte is all that counts
+                for n in range(nd):
+                    q = q * 3 + t[e0 + nb * n + m]
+                if nd == 4:  # the first digit to the most significant place
+                    q *= 3
+                out[ob + b0 + m] = pack_byte(q & 0xFF)
+
+
+def quantize(x, imatrix=None, out=None) -> np.ndarray:
+    """Quantize rows (last axis) to TQ1_0 bytes, as llama.cpp's ``quantize_tq1_0`` (numba);
+    ``imatrix`` is accepted and ignored, as in llama.cpp."""
+    return run_quantize(_quantize_ref_kernel, None, x, None, QK, TYPE_SIZE, TYPE.name, out)
+
+
+def _ref_np(blocks: np.ndarray) -> np.ndarray:
+    d, t = ternary_np(blocks)
+    raw = np.zeros((len(blocks), TYPE_SIZE), np.int64)
+    for b0, nb, nd, e0 in _RUNS:
+        q = np.zeros((len(blocks), nb), np.int64)
+        for n in range(nd):
+            q = (q * 3 + t[:, e0 + nb * n : e0 + nb * (n + 1)]) & 0xFF
+        if nd == 4:
+            q = (q * 3) & 0xFF
+        raw[:, b0 : b0 + nb] = ((q * 256 + 242) // 243) & 0xFF
+    raw[:, 52], raw[:, 53] = d & 0xFF, d >> 8
+    return raw.astype(np.uint8)
+
+
+def quantize_numpy(x, imatrix=None) -> np.ndarray:
+    """Vectorized numpy twin of :func:`quantize`."""
+    return run_quantize_np(_ref_np, None, x, None, QK, TYPE_SIZE, TYPE.name)
+
+
+FORMAT = register_format(TYPE, BLOCK, NSUB, C, decode_numpy, mult_numpy, quantize, quantize_numpy)
 dequantize, dequantize_numpy = FORMAT.dequantize, FORMAT.dequantize_numpy
