@@ -21,17 +21,21 @@ ALL = [
     "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K", "IQ4_NL", "IQ4_XS", "MXFP4",
     "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0",
 ]  # fmt: skip
-# the grid and ternary formats dequantize only
-DEQUANT_ONLY = {"IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0",
-                "TQ2_0"}  # fmt: skip
+# grid and ternary formats that dequantize only
+DEQUANT_ONLY = {"IQ3_XXS", "IQ3_S", "TQ1_0", "TQ2_0"}
 QUANT = [t for t in ALL if t not in DEQUANT_ONLY]
+# ggml_quantize_requires_imatrix: ggml asserts on quantizing these without one
+NEEDS_IMATRIX = {"IQ2_XXS", "IQ2_XS", "IQ1_S"}
+# quantizers that abort (ggml) / raise QuantError (here) on a NaN in a row
+ABORTS_ON_NAN = {"IQ2_XS", "IQ2_S"}
+NO_NUMPY_TWIN = {"IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M"}
 GGUF_DEQUANT = [t for t in ALL if t not in ("Q8_1", "Q8_K")]  # gguf-py has no Q8_1/Q8_K
 GGUF_QUANT = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "BF16", "MXFP4"]  # all gguf-py quantizes
 VEC_DOT = {
     "F32": "F32", "F16": "F16", "BF16": "BF16", "Q4_0": "Q8_0", "Q4_1": "Q8_1", "Q5_0": "Q8_0",
     "Q5_1": "Q8_1", "Q8_0": "Q8_0", "Q8_1": "Q8_1", "Q2_K": "Q8_K", "Q3_K": "Q8_K",
     "Q4_K": "Q8_K", "Q5_K": "Q8_K", "Q6_K": "Q8_K", "Q8_K": None, "IQ4_NL": "Q8_0",
-    "IQ4_XS": "Q8_K", "MXFP4": "Q8_0", **dict.fromkeys(DEQUANT_ONLY, "Q8_K"),
+    "IQ4_XS": "Q8_K", "MXFP4": "Q8_0", **dict.fromkeys(ALL[ALL.index("IQ2_XXS") :], "Q8_K"),
 }  # fmt: skip
 
 
@@ -92,7 +96,8 @@ def test_registry_has_every_format_with_consistent_layout():
             with pytest.raises(Q.UnsupportedQuantTypeError, match=f"{name}.*for quantization"):
                 Q.quantize(np.zeros(256, np.float32), name)
         else:
-            assert callable(fmt.quantize) and callable(fmt.quantize_numpy)
+            assert callable(fmt.quantize)
+            assert callable(fmt.quantize_numpy) or name in NO_NUMPY_TWIN
 
 
 def test_unsupported_type_error_names_type_and_tensor():
@@ -219,9 +224,10 @@ def test_quantize_into_out_equals_new_array(name):
         pytest.skip("no quantizer")
     bs = 256 if fmt.block_size == 1 else fmt.block_size
     x = np.random.default_rng(3).standard_normal((5, 2 * bs)).astype(np.float32)
-    x[1, 3] = np.nan  # ggml's arithmetic on NaN rows is part of the bytes
+    if name not in ABORTS_ON_NAN:
+        x[1, 3] = np.nan  # ggml's arithmetic on NaN rows is part of the bytes
     imatrix = np.abs(np.random.default_rng(4).standard_normal(2 * bs)).astype(np.float32)
-    for qw in (None, imatrix):
+    for qw in (imatrix,) if name in NEEDS_IMATRIX else (None, imatrix):
         expected = fmt.quantize(x, qw)
         out = np.full(expected.size, 0xAB, np.uint8)
         assert fmt.quantize(x, qw, out) is out
@@ -235,7 +241,28 @@ def test_quantize_into_out_equals_new_array(name):
         np.empty(2 * expected.size, np.uint8)[::2],
     ):
         with pytest.raises(Q.QuantError, match="out must be"):
-            fmt.quantize(x, None, bad)
+            fmt.quantize(x, imatrix if name in NEEDS_IMATRIX else None, bad)
+
+
+@pytest.mark.parametrize("name", sorted(NEEDS_IMATRIX))
+def test_formats_needing_an_imatrix_refuse_to_quantize_without_one(name):
+    x = np.ones((2, 256), np.float32)
+    with pytest.raises(Q.QuantError, match=f"{name}: quantizing needs an importance matrix"):
+        Q.quantize(x, name)
+    with pytest.raises(Q.QuantError, match=f"{name}: quantizing needs an importance matrix"):
+        Q.get(name).quantize(x, None, np.zeros(Q.get(name).row_nbytes(256) * 2, np.uint8))
+
+
+@pytest.mark.parametrize("name", sorted(ABORTS_ON_NAN))
+def test_grid_quantizers_raise_where_ggml_aborts(name):
+    """ggml's IQ2_XS / IQ2_S searches assert on a group whose every candidate has a NaN
+    distance: QuantError naming the super-block, never made-up bytes."""
+    x = np.random.default_rng(6).standard_normal((3, 512)).astype(np.float32)
+    im = np.ones(512, np.float32)
+    Q.quantize(x, name, im)
+    x[2, 300] = np.nan
+    with pytest.raises(Q.QuantError, match=f"{name}: .*aborts on super-block 1 of row 2"):
+        Q.quantize(x, name, im)
 
 
 # ----------------------------------------------------------------------------- quantize
@@ -314,7 +341,7 @@ def test_signed_zero_blocks_follow_llama_cpp_not_gguf_py():
             assert np.array_equal(q, Q.get(name).quantize_numpy(x))
 
 
-@pytest.mark.parametrize("name", [t for t in QUANT if t != "F32"])
+@pytest.mark.parametrize("name", [t for t in QUANT if t != "F32" and t not in NO_NUMPY_TWIN])
 def test_quantize_numba_equals_numpy_twin(name):
     fmt = Q.get(name)
     rng = np.random.default_rng(11)

@@ -99,9 +99,12 @@ def dequantize_numpy(raw, n, block, name, decode_numpy, mult_numpy, c) -> np.nda
     return y.astype(np.float32).reshape(-1)
 
 
-def register_format(t, block, nsub: int, c: float, decode_numpy, mult_numpy) -> QuantFormat:
-    """Register a grid / ternary format (dequantize only); the numba path is
-    :func:`llamacpy.quants._iqcodes.dequantize_kernel`, which dispatches on the type id."""
+def register_format(
+    t, block, nsub: int, c: float, decode_numpy, mult_numpy, quantize=None, quantize_numpy=None
+) -> QuantFormat:
+    """Register a grid / ternary format (with its quantizers where it has them); the numba
+    dequantize path is :func:`llamacpy.quants._iqcodes.dequantize_kernel`, which dispatches
+    on the type id."""
     qk, type_size = GGML_BLOCK_SIZES[t]
     assert qk == QK and block.itemsize == type_size, t
 
@@ -116,7 +119,7 @@ def register_format(t, block, nsub: int, c: float, decode_numpy, mult_numpy) -> 
 
     dequantize.__doc__ = f"The first ``n`` elements stored in ``raw`` ({t.name} blocks) as float32."
     dequantize_np.__doc__ = "Vectorized numpy twin of ``dequantize``."
-    fmt = QuantFormat(t, block, dequantize, dequantize_np, None, None, GGMLType.Q8_K)
+    fmt = QuantFormat(t, block, dequantize, dequantize_np, quantize, quantize_numpy, GGMLType.Q8_K)
     return register(fmt)
 
 
