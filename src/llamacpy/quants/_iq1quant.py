@@ -175,28 +175,28 @@ def _split_m(x, o, weight, idx):
     cp2 = X_P[1] * X_P[1] - X_P[2] * X_P[2]
     cm1 = X_M[0] * X_M[0] - X_M[1] * X_M[1]
     cm2 = X_M[1] * X_M[1] - X_M[2] * X_M[2]
-    qx = np.empty(4, np.float32)  # per half: (+), (-)
-    q2 = np.empty(4, np.float32)
-    sqx = np.empty(4, np.float32)
-    sq2 = np.empty(4, np.float32)
     best = -FLT_MAX
     scale = F0
     b1 = b2 = bk = -1
+    t0, t1, w0, w1 = px[0, 16], px[1, 16], pw[0, 16], pw[1, 16]
     for i1 in range(17):
         for i2 in range(i1, 17):
-            for h in range(2):
-                sx = px[h, i1] + px[h, i2]
-                qx[2 * h] = px[h, 16] * p2 - sx
-                qx[2 * h + 1] = px[h, 16] * m2 - sx
-                q2[2 * h] = pw[h, 16] * p2 * p2 + pw[h, i1] * cp1 + pw[h, i2] * cp2
-                q2[2 * h + 1] = pw[h, 16] * m2 * m2 + pw[h, i1] * cm1 + pw[h, i2] * cm2
-            for k in range(4):
-                sqx[k] = qx[k >> 1] + qx[2 + (k & 1)]
-                sq2[k] = q2[k >> 1] + q2[2 + (k & 1)]
-            for k in range(4):
-                if sq2[k] > F0 and sqx[k] * sqx[k] > best * sq2[k]:
-                    scale = sqx[k] / sq2[k]
-                    best = scale * sqx[k]
+            sx = px[0, i1] + px[0, i2]
+            qxp0 = t0 * p2 - sx
+            qxm0 = t0 * m2 - sx
+            q2p0 = w0 * p2 * p2 + pw[0, i1] * cp1 + pw[0, i2] * cp2
+            q2m0 = w0 * m2 * m2 + pw[0, i1] * cm1 + pw[0, i2] * cm2
+            sx = px[1, i1] + px[1, i2]
+            qxp1 = t1 * p2 - sx
+            qxm1 = t1 * m2 - sx
+            q2p1 = w1 * p2 * p2 + pw[1, i1] * cp1 + pw[1, i2] * cp2
+            q2m1 = w1 * m2 * m2 + pw[1, i1] * cm1 + pw[1, i2] * cm2
+            for k in range(4):  # (+, +), (+, -), (-, +), (-, -)
+                sqx = (qxm0 if k >= 2 else qxp0) + (qxm1 if k & 1 else qxp1)
+                sq2 = (q2m0 if k >= 2 else q2p0) + (q2m1 if k & 1 else q2p1)
+                if sq2 > F0 and sqx * sqx > best * sq2:
+                    scale = sqx / sq2
+                    best = scale * sqx
                     b1, b2, bk = i1, i2, k
     return scale, b1, b2, bk
 

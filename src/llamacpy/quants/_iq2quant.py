@@ -250,11 +250,9 @@ def _round(idv, scale, n, xval, waux, tabs, L, on, only_off):
     for k in range(n // 8):
         if only_off and on[k]:
             continue
-        u = 0
-        for i in range(8):
-            l = max(0, min(2, nearest_int(_HALF * (idv * xval[8 * k + i] - F1))))
-            L[8 * k + i] = l
-            u |= l << (2 * i)
+        for i in range(8 * k, 8 * k + 8):
+            L[i] = max(0, min(2, nearest_int(_HALF * (idv * xval[i] - F1))))
+        u = code_of(L, 8 * k)
         g = kmap[u]
         if not only_off:
             on[k] = g >= 0
