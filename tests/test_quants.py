@@ -28,7 +28,7 @@ QUANT = [t for t in ALL if t not in DEQUANT_ONLY]
 NEEDS_IMATRIX = {"IQ2_XXS", "IQ2_XS", "IQ1_S"}
 # quantizers that abort (ggml) / raise QuantError (here) on a NaN in a row
 ABORTS_ON_NAN = {"IQ2_XS", "IQ2_S"}
-NO_NUMPY_TWIN = {"IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M"}
+GRID_QUANT = ["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M"]
 GGUF_DEQUANT = [t for t in ALL if t not in ("Q8_1", "Q8_K")]  # gguf-py has no Q8_1/Q8_K
 GGUF_QUANT = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "BF16", "MXFP4"]  # all gguf-py quantizes
 VEC_DOT = {
@@ -96,8 +96,7 @@ def test_registry_has_every_format_with_consistent_layout():
             with pytest.raises(Q.UnsupportedQuantTypeError, match=f"{name}.*for quantization"):
                 Q.quantize(np.zeros(256, np.float32), name)
         else:
-            assert callable(fmt.quantize)
-            assert callable(fmt.quantize_numpy) or name in NO_NUMPY_TWIN
+            assert callable(fmt.quantize) and callable(fmt.quantize_numpy)
 
 
 def test_unsupported_type_error_names_type_and_tensor():
@@ -341,18 +340,35 @@ def test_signed_zero_blocks_follow_llama_cpp_not_gguf_py():
             assert np.array_equal(q, Q.get(name).quantize_numpy(x))
 
 
-@pytest.mark.parametrize("name", [t for t in QUANT if t != "F32" and t not in NO_NUMPY_TWIN])
+def outcome(quantize, x, imatrix):
+    """The bytes, or the QuantError's message."""
+    try:
+        return quantize(x, imatrix)
+    except Q.QuantError as err:
+        return str(err)
+
+
+@pytest.mark.parametrize("name", [t for t in QUANT if t != "F32"])
 def test_quantize_numba_equals_numpy_twin(name):
     fmt = Q.get(name)
     rng = np.random.default_rng(11)
     im = (rng.uniform(0, 3, 256) ** 2).astype(np.float32)
+    if name in GRID_QUANT:  # case by case: an aborting case (QuantError) fails the whole call
+        for case in sorted(CASES):
+            for qw in (im,) if name in NEEDS_IMATRIX else (None, im):
+                a, b = (
+                    outcome(fmt.quantize, CASES[case], qw),
+                    outcome(fmt.quantize_numpy, CASES[case], qw),
+                )
+                assert a == b if isinstance(a, str) else np.array_equal(a, b), case
+        return
     x = np.concatenate([CASES[c] for c in sorted(CASES)], axis=0)
     assert np.array_equal(fmt.quantize(x), fmt.quantize_numpy(x))
     assert np.array_equal(fmt.quantize(x, im), fmt.quantize_numpy(x, im))
 
 
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K",
-                                  "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"])  # fmt: skip
+                                  "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", *GRID_QUANT])  # fmt: skip
 def test_imatrix_path_twins_and_per_matrix_vectors(name):
     fmt = Q.get(name)
     rng = np.random.default_rng(5)
@@ -363,4 +379,7 @@ def test_imatrix_path_twins_and_per_matrix_vectors(name):
     # one vector per matrix of a stacked tensor == each matrix with its own vector
     assert np.array_equal(q[0], fmt.quantize(x[0], im[0]))
     assert np.array_equal(q[1], fmt.quantize(x[1], im[1]))
-    assert not np.array_equal(q, fmt.quantize(x))  # the weights do change the result
+    # the weights do change the result
+    assert not np.array_equal(
+        q, fmt.quantize(x, np.ones(512, np.float32) if name in NEEDS_IMATRIX else None)
+    )

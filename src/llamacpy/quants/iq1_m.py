@@ -14,7 +14,7 @@ import numpy as np
 from numba import njit
 
 from llamacpy.gguf.constants import GGMLType
-from llamacpy.quants import _iq1quant
+from llamacpy.quants import _iq1quant, _iq1quant_np
 from llamacpy.quants._iqgrid import QK, register_format, u16
 from llamacpy.quants.iq1_s import GRID, ternary8
 from llamacpy.quants.iq3_s import mult_numpy
@@ -66,5 +66,10 @@ def quantize(x, imatrix=None, out=None) -> np.ndarray:
     return _iq1quant.quantize(1, x, imatrix, out, TYPE.name, TYPE_SIZE)
 
 
-FORMAT = register_format(TYPE, BLOCK, NSUB, C, decode_numpy, mult_numpy, quantize)
+def quantize_numpy(x, imatrix=None) -> np.ndarray:
+    """Vectorized numpy twin of :func:`quantize`."""
+    return _iq1quant_np.quantize_np(1, x, imatrix, TYPE.name, TYPE_SIZE)
+
+
+FORMAT = register_format(TYPE, BLOCK, NSUB, C, decode_numpy, mult_numpy, quantize, quantize_numpy)
 dequantize, dequantize_numpy = FORMAT.dequantize, FORMAT.dequantize_numpy

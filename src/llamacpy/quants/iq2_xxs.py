@@ -13,7 +13,7 @@ import numpy as np
 from numba import njit
 
 from llamacpy.gguf.constants import GGML_BLOCK_SIZES, GGMLType
-from llamacpy.quants import _iq2quant
+from llamacpy.quants import _iq2quant, _iq2quant_np
 from llamacpy.quants import _iqgrid as G
 from llamacpy.quants._helpers import F32
 
@@ -69,5 +69,10 @@ def quantize(x, imatrix=None, out=None) -> np.ndarray:
     return _iq2quant.quantize(0, x, imatrix, out, TYPE.name, TYPE_SIZE)
 
 
-FORMAT = G.register_format(TYPE, BLOCK, NSUB, C, decode_numpy, mult_numpy, quantize)
+def quantize_numpy(x, imatrix=None) -> np.ndarray:
+    """Vectorized numpy twin of :func:`quantize`."""
+    return _iq2quant_np.quantize_np(0, x, imatrix, TYPE.name, TYPE_SIZE)
+
+
+FORMAT = G.register_format(TYPE, BLOCK, NSUB, C, decode_numpy, mult_numpy, quantize, quantize_numpy)
 dequantize, dequantize_numpy = FORMAT.dequantize, FORMAT.dequantize_numpy
