@@ -3,6 +3,8 @@ quantizers byte for byte against gguf-py (llama.cpp's own Python reference)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import gguf
 import gguf.quants as gq
 import numpy as np
@@ -383,3 +385,26 @@ def test_imatrix_path_twins_and_per_matrix_vectors(name):
     assert not np.array_equal(
         q, fmt.quantize(x, np.ones(512, np.float32) if name in NEEDS_IMATRIX else None)
     )
+
+
+IQ2_IQ1 = Path(__file__).parent / "fixtures" / "quants" / "iq2_iq1_quant.npz"
+
+
+@pytest.mark.parametrize("name", GRID_QUANT)
+def test_iq2_iq1_quantize_equals_ggml_fixture(name):
+    """ggml's bytes (scripts/make_iq2_iq1_fixtures.py), with importance weights and, where
+    ggml quantizes without, without; a row with a NaN: ggml's bytes, or QuantError where
+    ggml aborts."""
+    with np.load(IQ2_IQ1) as z:
+        f = {k: z[k] for k in z.files}
+    fmt = Q.get(name)
+    for quantize in (fmt.quantize, fmt.quantize_numpy):
+        assert np.array_equal(quantize(f["x"], f["im"]).reshape(-1), f[f"{name}/im"])
+        if name not in NEEDS_IMATRIX:
+            assert np.array_equal(quantize(f["x"], None).reshape(-1), f[name])
+        im = f["im"][:256]
+        if f[f"{name}/nan"].size:
+            assert np.array_equal(quantize(f["x_nan"], im).reshape(-1), f[f"{name}/nan"])
+        else:
+            with pytest.raises(Q.QuantError, match=f"{name}: ggml's quantizer aborts"):
+                quantize(f["x_nan"], im)

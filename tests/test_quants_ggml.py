@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import signal
 
 import numpy as np
 import pytest
@@ -25,10 +26,10 @@ pytestmark = [
 
 CHUNK = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
          "IQ4_NL", "IQ4_XS", "MXFP4", "F16", "BF16"]  # fmt: skip
-# the grid formats: ggml's quantizers abort the process on some input (asserts in the grid
-# search), so ggml runs in a forked child there; those needing an importance matrix
-# (ggml_quantize_requires_imatrix) are compared with one only
-GRID = ["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M"]
+# ggml aborts the process on some input of these (NaN, inf, overflowing magnitudes), where
+# ours raise QuantError: ggml runs them in a forked child
+ABORTING = ["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M"]
+# ggml_quantize_requires_imatrix: ggml asserts without one, ours raise QuantError
 NEEDS_IMATRIX = {"IQ2_XXS", "IQ2_XS", "IQ1_S"}
 ROW_REF = {"Q8_1": "q8_1", "Q8_K": "q8_K"}  # not in ggml_quantize_chunk
 
@@ -41,7 +42,6 @@ def lib():
     lib.ggml_quantize_chunk.restype = ctypes.c_size_t
     lib.ggml_fp32_to_fp16_row.argtypes = [p, p, i64]
     lib.ggml_quantize_init.argtypes = [ctypes.c_int]
-    os.environ["GGML_NO_BACKTRACE"] = "1"  # an abort in a child: no gdb backtrace
     return lib
 
 
@@ -55,40 +55,6 @@ def ggml_quantize(lib, x: np.ndarray, name: str, imatrix=None) -> np.ndarray:
     im = None if imatrix is None else _ptr(imatrix)
     lib.ggml_quantize_chunk(int(GGMLType[name]), _ptr(x), _ptr(out), 0, *x.shape, im)
     return out.reshape(x.shape[0], -1)
-
-
-def ggml_outcome(lib, x: np.ndarray, name: str, imatrix=None) -> np.ndarray | None:
-    """ggml's bytes, quantized in a forked child; None where ggml aborts."""
-    lib.ggml_quantize_init(int(GGMLType[name]))  # its tables (OpenMP) built here, not there
-    out = np.zeros(x.shape[0] * Q.get(name).row_nbytes(x.shape[1]), np.uint8)
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover (the child)
-        try:
-            os.close(r)
-            im = None if imatrix is None else _ptr(imatrix)
-            lib.ggml_quantize_chunk(int(GGMLType[name]), _ptr(x), _ptr(out), 0, *x.shape, im)
-            data = memoryview(out.tobytes())
-            while data:
-                data = data[os.write(w, data) :]
-        finally:
-            os._exit(0)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        data = f.read()
-    _, status = os.waitpid(pid, 0)
-    if status != 0:
-        return None
-    return np.frombuffer(data, np.uint8).reshape(x.shape[0], -1)
-
-
-def ours_outcome(x: np.ndarray, name: str, imatrix=None) -> np.ndarray | None:
-    """Our bytes; None where we raise the QuantError that stands for ggml's abort."""
-    try:
-        return Q.quantize(x, name, imatrix=imatrix)
-    except Q.QuantError as err:
-        assert "aborts" in str(err)
-        return None
 
 
 def ggml_row_fn(lib, fn: str, src: np.ndarray, dst: np.ndarray, n: int) -> np.ndarray:
@@ -136,30 +102,54 @@ def test_quantize_chunk_matches_ggml(lib, name, case):
     assert np.array_equal(Q.quantize(x, name, imatrix=im), ggml_quantize(lib, x, name, im))
 
 
-@pytest.mark.parametrize("name", GRID)
+def ggml_quantize_forked(lib, x: np.ndarray, name: str, imatrix=None) -> np.ndarray | None:
+    """``ggml_quantize``, run in a forked child: None where ggml aborted."""
+    lib.ggml_quantize_init(int(GGMLType[name]))  # the tables are built before the fork
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            os.environ["GGML_NO_BACKTRACE"] = "1"
+            with os.fdopen(w, "wb") as f:
+                f.write(ggml_quantize(lib, x, name, imatrix).tobytes())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGABRT:
+        return None
+    assert status == 0
+    return np.frombuffer(data, np.uint8).reshape(x.shape[0], -1)
+
+
+@pytest.mark.parametrize("name", ABORTING)
 @pytest.mark.parametrize("case", sorted(DATA))
-def test_grid_quantize_chunk_matches_ggml(lib, name, case):
-    """Row by row (ggml aborts on a whole input if any row makes it): the same bytes where
-    ggml quantizes, QuantError where it aborts."""
+def test_quantize_chunk_matches_ggml_or_both_refuse(lib, name, case):
+    """ggml's bytes wherever ggml has them; QuantError on exactly the rows ggml aborts on."""
     x = DATA[case]
     im = (np.random.default_rng(1).uniform(0, 2, x.shape[1]) ** 2).astype(np.float32)
     for qw in (im,) if name in NEEDS_IMATRIX else (None, im):
-        whole = ggml_outcome(lib, x, name, qw)
-        if whole is not None:
-            assert np.array_equal(Q.quantize(x, name, imatrix=qw), whole)
+        ref = ggml_quantize_forked(lib, x, name, qw)
+        if ref is not None:
+            assert np.array_equal(Q.quantize(x, name, imatrix=qw), ref)
             continue
-        assert ours_outcome(x, name, qw) is None
-        for r in range(x.shape[0]):
-            ref = ggml_outcome(lib, x[r : r + 1], name, qw)
-            ours = ours_outcome(x[r : r + 1], name, qw)
-            assert (ours is None) == (ref is None), r
-            assert ref is None or np.array_equal(ours, ref), r
+        for r in range(x.shape[0]):  # row by row: which rows ggml aborts on
+            row = x[r : r + 1]
+            ref = ggml_quantize_forked(lib, row, name, qw)
+            if ref is None:
+                with pytest.raises(Q.QuantError, match="aborts"):
+                    Q.quantize(row, name, imatrix=qw)
+            else:
+                assert np.array_equal(Q.quantize(row, name, imatrix=qw), ref), (r, qw is None)
 
 
 @pytest.mark.parametrize("name", sorted(NEEDS_IMATRIX))
-def test_grid_formats_that_ggml_quantizes_only_with_an_imatrix(lib, name):
+def test_quantize_chunk_needs_an_imatrix_for_some_grid_formats(lib, name):
     x = DATA["normal*1"]
-    assert ggml_outcome(lib, x, name) is None  # ggml_quantize_chunk asserts
+    assert ggml_quantize_forked(lib, x, name) is None  # ggml_quantize_chunk asserts
     with pytest.raises(Q.QuantError, match=f"{name}: quantizing needs an importance matrix"):
         Q.quantize(x, name)
 
