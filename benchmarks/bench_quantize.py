@@ -60,7 +60,14 @@ FORMATS = [
     "TQ2_0",
     "IQ3_XXS",
     "IQ3_S",
+    "IQ2_XXS",
+    "IQ2_XS",
+    "IQ2_S",
+    "IQ1_S",
+    "IQ1_M",
 ]
+# formats ggml quantizes only with an importance matrix: timed with one (on both sides)
+NEEDS_IMATRIX = {"IQ2_XXS", "IQ2_XS", "IQ1_S"}
 PRESETS = ("Q8_0", "Q4_0", "Q4_K_M")
 CHUNK_ROWS = 64  # rows of 4096 values: 256K values per work item (as our pipeline)
 
@@ -92,8 +99,9 @@ class Ggml:
         self.lib.ggml_fp16_to_fp32_row.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
         self.lib.ggml_bf16_to_fp32_row.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
 
-    def quantize(self, t: GGMLType, x: np.ndarray, dst: np.ndarray) -> None:
-        self.lib.ggml_quantize_chunk(int(t), x.ctypes.data, dst.ctypes.data, 0, *x.shape, None)
+    def quantize(self, t: GGMLType, x: np.ndarray, dst: np.ndarray, im=None) -> None:
+        qw = None if im is None else im.ctypes.data
+        self.lib.ggml_quantize_chunk(int(t), x.ctypes.data, dst.ctypes.data, 0, *x.shape, qw)
 
     def dequantize(self, t: GGMLType, raw: np.ndarray, y: np.ndarray) -> None:
         # what llama-quantize calls: the row converters for F16/BF16, else the type's to_float
@@ -127,25 +135,27 @@ def bench_formats(
 ) -> list[dict]:
     rng = np.random.default_rng(0)
     x = (rng.standard_normal((n_rows, 4096)) * 0.02).astype(np.float32)
+    imatrix = (rng.chisquare(2, 4096) + 1e-3).astype(np.float32)
     chunks = [(r, min(r + CHUNK_ROWS, n_rows)) for r in range(0, n_rows, CHUNK_ROWS)]
     pool = ThreadPoolExecutor(nthread, initializer=_single_threaded_numba)
     rows = []
     for name in names:
         t = GGMLType[name]
         fmt = quants.get(t)
-        q = fmt.quantize(x)
+        im = imatrix if name in NEEDS_IMATRIX else None
+        q = fmt.quantize(x, im)
         ref = np.empty_like(q)
-        ggml.quantize(t, x, ref)
+        ggml.quantize(t, x, ref, im)
         y = np.empty_like(x)
         nb = q.shape[1]
 
         qo = np.empty_like(q)
 
-        def ours_q(fmt=fmt, qo=qo) -> None:
-            list(pool.map(lambda c: fmt.quantize(x[c[0] : c[1]], None, qo[c[0] : c[1]]), chunks))
+        def ours_q(fmt=fmt, qo=qo, im=im) -> None:
+            list(pool.map(lambda c: fmt.quantize(x[c[0] : c[1]], im, qo[c[0] : c[1]]), chunks))
 
-        def ggml_q(t=t, ref=ref) -> None:
-            list(pool.map(lambda c: ggml.quantize(t, x[c[0] : c[1]], ref[c[0] : c[1]]), chunks))
+        def ggml_q(t=t, ref=ref, im=im) -> None:
+            list(pool.map(lambda c: ggml.quantize(t, x[c[0] : c[1]], ref[c[0] : c[1]], im), chunks))
 
         def ours_d(fmt=fmt, q=q, y=y) -> None:
             def chunk(c: tuple[int, int]) -> None:

@@ -23,11 +23,16 @@ ALL = [
     "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K", "IQ4_NL", "IQ4_XS", "MXFP4",
     "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0",
 ]  # fmt: skip
-# the grid and ternary formats dequantize only
-DEQUANT_ONLY = {"IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M"}
+# every format quantizes (IQ2_XXS, IQ2_XS and IQ1_S only with an importance matrix)
+DEQUANT_ONLY: set[str] = set()
 # llama.cpp aborts on some non-finite or huge input in these: our quantizers raise QuantError
 ABORTING = {"IQ3_XXS", "IQ3_S"}
 QUANT = [t for t in ALL if t not in DEQUANT_ONLY]
+# ggml_quantize_requires_imatrix: ggml asserts on quantizing these without one
+NEEDS_IMATRIX = {"IQ2_XXS", "IQ2_XS", "IQ1_S"}
+# quantizers that abort (ggml) / raise QuantError (here) on a NaN in a row
+ABORTS_ON_NAN = {"IQ2_XS", "IQ2_S"}
+GRID_QUANT = ["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M"]
 GGUF_DEQUANT = [t for t in ALL if t not in ("Q8_1", "Q8_K")]  # gguf-py has no Q8_1/Q8_K
 GGUF_QUANT = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "BF16", "MXFP4"]  # all gguf-py quantizes
 VEC_DOT = {
@@ -222,11 +227,10 @@ def test_quantize_into_out_equals_new_array(name):
         pytest.skip("no quantizer")
     bs = 256 if fmt.block_size == 1 else fmt.block_size
     x = np.random.default_rng(3).standard_normal((5, 2 * bs)).astype(np.float32)
-    x[1, 3] = np.nan  # ggml's arithmetic on NaN rows is part of the bytes
-    if name in ABORTING:  # ggml aborts on that row (test_tq_iq3_quantize_equals_ggml_fixture)
-        x[1, 3] = 0.0
+    if name not in ABORTS_ON_NAN and name not in ABORTING:
+        x[1, 3] = np.nan  # ggml's arithmetic on NaN rows is part of the bytes
     imatrix = np.abs(np.random.default_rng(4).standard_normal(2 * bs)).astype(np.float32)
-    for qw in (None, imatrix):
+    for qw in (imatrix,) if name in NEEDS_IMATRIX else (None, imatrix):
         expected = fmt.quantize(x, qw)
         out = np.full(expected.size, 0xAB, np.uint8)
         assert fmt.quantize(x, qw, out) is out
@@ -240,7 +244,28 @@ def test_quantize_into_out_equals_new_array(name):
         np.empty(2 * expected.size, np.uint8)[::2],
     ):
         with pytest.raises(Q.QuantError, match="out must be"):
-            fmt.quantize(x, None, bad)
+            fmt.quantize(x, imatrix if name in NEEDS_IMATRIX else None, bad)
+
+
+@pytest.mark.parametrize("name", sorted(NEEDS_IMATRIX))
+def test_formats_needing_an_imatrix_refuse_to_quantize_without_one(name):
+    x = np.ones((2, 256), np.float32)
+    with pytest.raises(Q.QuantError, match=f"{name}: quantizing needs an importance matrix"):
+        Q.quantize(x, name)
+    with pytest.raises(Q.QuantError, match=f"{name}: quantizing needs an importance matrix"):
+        Q.get(name).quantize(x, None, np.zeros(Q.get(name).row_nbytes(256) * 2, np.uint8))
+
+
+@pytest.mark.parametrize("name", sorted(ABORTS_ON_NAN))
+def test_grid_quantizers_raise_where_ggml_aborts(name):
+    """ggml's IQ2_XS / IQ2_S searches assert on a group whose every candidate has a NaN
+    distance: QuantError naming the super-block, never made-up bytes."""
+    x = np.random.default_rng(6).standard_normal((3, 512)).astype(np.float32)
+    im = np.ones(512, np.float32)
+    Q.quantize(x, name, im)
+    x[2, 300] = np.nan
+    with pytest.raises(Q.QuantError, match=f"{name}: .*aborts on super-block 1 of row 2"):
+        Q.quantize(x, name, im)
 
 
 # ----------------------------------------------------------------------------- quantize
@@ -319,11 +344,28 @@ def test_signed_zero_blocks_follow_llama_cpp_not_gguf_py():
             assert np.array_equal(q, Q.get(name).quantize_numpy(x))
 
 
+def outcome(quantize, x, imatrix):
+    """The bytes, or the QuantError's message."""
+    try:
+        return quantize(x, imatrix)
+    except Q.QuantError as err:
+        return str(err)
+
+
 @pytest.mark.parametrize("name", [t for t in QUANT if t != "F32"])
 def test_quantize_numba_equals_numpy_twin(name):
     fmt = Q.get(name)
     rng = np.random.default_rng(11)
     im = (rng.uniform(0, 3, 256) ** 2).astype(np.float32)
+    if name in GRID_QUANT:  # case by case: an aborting case (QuantError) fails the whole call
+        for case in sorted(CASES):
+            for qw in (im,) if name in NEEDS_IMATRIX else (None, im):
+                a, b = (
+                    outcome(fmt.quantize, CASES[case], qw),
+                    outcome(fmt.quantize_numpy, CASES[case], qw),
+                )
+                assert a == b if isinstance(a, str) else np.array_equal(a, b), case
+        return
     x = np.concatenate([CASES[c] for c in sorted(CASES)], axis=0)
     if name in ABORTING:  # both raise on the 1e30 rows
         x = x[np.abs(x).max(axis=1) < 1e12]
@@ -332,8 +374,8 @@ def test_quantize_numba_equals_numpy_twin(name):
 
 
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K",
-                                  "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "IQ3_XXS",
-                                  "IQ3_S"])  # fmt: skip
+                                  "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "IQ3_XXS", "IQ3_S",
+                                  *GRID_QUANT])  # fmt: skip
 def test_imatrix_path_twins_and_per_matrix_vectors(name):
     fmt = Q.get(name)
     rng = np.random.default_rng(5)
@@ -344,7 +386,33 @@ def test_imatrix_path_twins_and_per_matrix_vectors(name):
     # one vector per matrix of a stacked tensor == each matrix with its own vector
     assert np.array_equal(q[0], fmt.quantize(x[0], im[0]))
     assert np.array_equal(q[1], fmt.quantize(x[1], im[1]))
-    assert not np.array_equal(q, fmt.quantize(x))  # the weights do change the result
+    # the weights do change the result
+    assert not np.array_equal(
+        q, fmt.quantize(x, np.ones(512, np.float32) if name in NEEDS_IMATRIX else None)
+    )
+
+
+IQ2_IQ1 = Path(__file__).parent / "fixtures" / "quants" / "iq2_iq1_quant.npz"
+
+
+@pytest.mark.parametrize("name", GRID_QUANT)
+def test_iq2_iq1_quantize_equals_ggml_fixture(name):
+    """ggml's bytes (scripts/make_iq2_iq1_fixtures.py), with importance weights and, where
+    ggml quantizes without, without; a row with a NaN: ggml's bytes, or QuantError where
+    ggml aborts."""
+    with np.load(IQ2_IQ1) as z:
+        f = {k: z[k] for k in z.files}
+    fmt = Q.get(name)
+    for quantize in (fmt.quantize, fmt.quantize_numpy):
+        assert np.array_equal(quantize(f["x"], f["im"]).reshape(-1), f[f"{name}/im"])
+        if name not in NEEDS_IMATRIX:
+            assert np.array_equal(quantize(f["x"], None).reshape(-1), f[name])
+        im = f["im"][:256]
+        if f[f"{name}/nan"].size:
+            assert np.array_equal(quantize(f["x_nan"], im).reshape(-1), f[f"{name}/nan"])
+        else:
+            with pytest.raises(Q.QuantError, match=f"{name}: ggml's quantizer aborts"):
+                quantize(f["x_nan"], im)
 
 
 TQ_IQ3 = Path(__file__).parent / "fixtures" / "quants" / "tq_iq3_quant.npz"

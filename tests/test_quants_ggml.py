@@ -27,9 +27,11 @@ pytestmark = [
 CHUNK = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
          "IQ4_NL", "IQ4_XS", "MXFP4", "F16", "BF16"]  # fmt: skip
 CHUNK += ["TQ1_0", "TQ2_0"]  # importance weights: ignored by ggml
-# ggml aborts the process on some input of these (NaN, inf, magnitudes of 1e12 and up), where
+# ggml aborts the process on some input of these (NaN, inf, overflowing magnitudes), where
 # ours raise QuantError: ggml runs them in a forked child
-ABORTING = ["IQ3_XXS", "IQ3_S"]
+ABORTING = ["IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M"]
+# ggml_quantize_requires_imatrix: ggml asserts without one, ours raise QuantError
+NEEDS_IMATRIX = {"IQ2_XXS", "IQ2_XS", "IQ1_S"}
 ROW_REF = {"Q8_1": "q8_1", "Q8_K": "q8_K"}  # not in ggml_quantize_chunk
 
 
@@ -130,7 +132,7 @@ def test_quantize_chunk_matches_ggml_or_both_refuse(lib, name, case):
     """ggml's bytes wherever ggml has them; QuantError on exactly the rows ggml aborts on."""
     x = DATA[case]
     im = (np.random.default_rng(1).uniform(0, 2, x.shape[1]) ** 2).astype(np.float32)
-    for qw in (None, im):
+    for qw in (im,) if name in NEEDS_IMATRIX else (None, im):
         ref = ggml_quantize_forked(lib, x, name, qw)
         if ref is not None:
             assert np.array_equal(Q.quantize(x, name, imatrix=qw), ref)
@@ -143,6 +145,14 @@ def test_quantize_chunk_matches_ggml_or_both_refuse(lib, name, case):
                     Q.quantize(row, name, imatrix=qw)
             else:
                 assert np.array_equal(Q.quantize(row, name, imatrix=qw), ref), (r, qw is None)
+
+
+@pytest.mark.parametrize("name", sorted(NEEDS_IMATRIX))
+def test_quantize_chunk_needs_an_imatrix_for_some_grid_formats(lib, name):
+    x = DATA["normal*1"]
+    assert ggml_quantize_forked(lib, x, name) is None  # ggml_quantize_chunk asserts
+    with pytest.raises(Q.QuantError, match=f"{name}: quantizing needs an importance matrix"):
+        Q.quantize(x, name)
 
 
 @pytest.mark.parametrize("name", sorted(ROW_REF))

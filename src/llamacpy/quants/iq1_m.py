@@ -4,8 +4,8 @@ the sign of a ``delta`` (1/8) of its 8 weights, and 8 scale bytes as four 16-bit
 3-bit scales per 32 weights (one per 16) in the low 12 bits of each, the f16 ``d`` in their
 top nibbles. ``x = d * (2 * ls + 1) * (grid + delta)``.
 
-The integer value of a weight is ``8 * grid + sign(delta)``. Dequantize only (ggml's
-``dequantize_row_iq1_m``).
+The integer value of a weight is ``8 * grid + sign(delta)``. Quantization is ggml's
+``quantize_iq1_m`` (see :mod:`._iq1quant`), with or without importance weights.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import numpy as np
 from numba import njit
 
 from llamacpy.gguf.constants import GGMLType
+from llamacpy.quants import _iq1quant, _iq1quant_np
 from llamacpy.quants._iqgrid import QK, register_format, u16
 from llamacpy.quants.iq1_s import GRID, ternary8
 from llamacpy.quants.iq3_s import mult_numpy
@@ -56,5 +57,19 @@ def decode_numpy(b: np.ndarray):
     return d, v.reshape(-1, QK), sc
 
 
-FORMAT = register_format(TYPE, BLOCK, NSUB, C, decode_numpy, mult_numpy)
+def quantize(x, imatrix=None, out=None) -> np.ndarray:
+    """Quantize rows (last axis) to IQ1_M bytes, as llama.cpp's ``quantize_iq1_m`` (numba).
+
+    Raises :class:`~llamacpy.quants.QuantError` where llama.cpp's quantizer aborts (NaN or
+    infinite input).
+    """
+    return _iq1quant.quantize(1, x, imatrix, out, TYPE.name, TYPE_SIZE)
+
+
+def quantize_numpy(x, imatrix=None) -> np.ndarray:
+    """Vectorized numpy twin of :func:`quantize`."""
+    return _iq1quant_np.quantize_np(1, x, imatrix, TYPE.name, TYPE_SIZE)
+
+
+FORMAT = register_format(TYPE, BLOCK, NSUB, C, decode_numpy, mult_numpy, quantize, quantize_numpy)
 dequantize, dequantize_numpy = FORMAT.dequantize, FORMAT.dequantize_numpy

@@ -4,7 +4,8 @@ per 32 weights, a 16-bit word with four 3-bit high index parts (11-bit indices i
 (1/8): ``x = d * (2 * ls + 1) * (grid + delta)``.
 
 The integer value of a weight is ``8 * grid + sign(delta)`` (``grid + delta`` is that over
-8, exactly). Dequantize only (ggml's ``dequantize_row_iq1_s``).
+8, exactly). Quantization is ggml's ``quantize_iq1_s`` (see :mod:`._iq1quant`); like ggml
+it needs an importance matrix.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import numpy as np
 from numba import njit
 
 from llamacpy.gguf.constants import GGMLType
+from llamacpy.quants import _iq1quant, _iq1quant_np
 from llamacpy.quants._iqgrid import QK, grid, register_format, u16
 from llamacpy.quants.iq3_s import mult_numpy
 
@@ -55,5 +57,21 @@ def decode_numpy(b: np.ndarray):
     return b["d"], v.reshape(-1, QK), 2 * ((h >> 12) & 7) + 1
 
 
-FORMAT = register_format(TYPE, BLOCK, NSUB, C, decode_numpy, mult_numpy)
+def quantize(x, imatrix=None, out=None) -> np.ndarray:
+    """Quantize rows (last axis) to IQ1_S bytes, as llama.cpp's ``quantize_iq1_s`` (numba).
+
+    ``imatrix`` is required (ggml asserts on its absence: :class:`QuantError` here).
+
+    Raises :class:`~llamacpy.quants.QuantError` where llama.cpp's quantizer aborts (NaN or
+    infinite input).
+    """
+    return _iq1quant.quantize(0, x, imatrix, out, TYPE.name, TYPE_SIZE)
+
+
+def quantize_numpy(x, imatrix=None) -> np.ndarray:
+    """Vectorized numpy twin of :func:`quantize`."""
+    return _iq1quant_np.quantize_np(0, x, imatrix, TYPE.name, TYPE_SIZE)
+
+
+FORMAT = register_format(TYPE, BLOCK, NSUB, C, decode_numpy, mult_numpy, quantize, quantize_numpy)
 dequantize, dequantize_numpy = FORMAT.dequantize, FORMAT.dequantize_numpy

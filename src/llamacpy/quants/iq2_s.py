@@ -3,7 +3,8 @@ sign bytes (one per 8 weights, all 8 signs stored), 8 bytes of high index bits (
 weights: 10-bit indices into the 1024-point ``iq2s_grid``) and one byte per 32 weights with
 two 4-bit scales ``ls``: ``x = d * (0.5 + ls) * 0.25 * grid * sign``.
 
-Dequantize only (ggml's ``dequantize_row_iq2_s``).
+Quantization is ggml's ``quantize_iq2_s`` (see :mod:`._iq2quant`), with or without
+importance weights.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import numpy as np
 from numba import njit
 
 from llamacpy.gguf.constants import GGMLType
+from llamacpy.quants import _iq2quant, _iq2quant_np
 from llamacpy.quants import _iqgrid as G
 from llamacpy.quants.iq2_xxs import mult_numpy
 
@@ -57,5 +59,19 @@ def decode_numpy(b: np.ndarray):
     return b["d"], v.reshape(-1, G.QK), 2 * sc + 1
 
 
-FORMAT = G.register_format(TYPE, BLOCK, NSUB, C, decode_numpy, mult_numpy)
+def quantize(x, imatrix=None, out=None) -> np.ndarray:
+    """Quantize rows (last axis) to IQ2_S bytes, as llama.cpp's ``quantize_iq2_s`` (numba).
+
+    Raises :class:`~llamacpy.quants.QuantError` where llama.cpp's quantizer aborts (NaN or
+    infinite input, magnitudes whose squares overflow).
+    """
+    return _iq2quant.quantize(2, x, imatrix, out, TYPE.name, TYPE_SIZE)
+
+
+def quantize_numpy(x, imatrix=None) -> np.ndarray:
+    """Vectorized numpy twin of :func:`quantize`."""
+    return _iq2quant_np.quantize_np(2, x, imatrix, TYPE.name, TYPE_SIZE)
+
+
+FORMAT = G.register_format(TYPE, BLOCK, NSUB, C, decode_numpy, mult_numpy, quantize, quantize_numpy)
 dequantize, dequantize_numpy = FORMAT.dequantize, FORMAT.dequantize_numpy

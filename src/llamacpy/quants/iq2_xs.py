@@ -3,7 +3,8 @@
 eighth sign is the parity) and one byte per 32 weights holding two 4-bit scales ``ls`` (one
 per 16): ``x = d * (0.5 + ls) * 0.25 * grid * sign``.
 
-Dequantize only (ggml's ``dequantize_row_iq2_xs``).
+Quantization is ggml's ``quantize_iq2_xs`` (see :mod:`._iq2quant`); like ggml it needs an
+importance matrix.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import numpy as np
 from numba import njit
 
 from llamacpy.gguf.constants import GGMLType
+from llamacpy.quants import _iq2quant, _iq2quant_np
 from llamacpy.quants import _iqgrid as G
 from llamacpy.quants.iq2_xxs import mult_numpy
 
@@ -45,5 +47,21 @@ def decode_numpy(b: np.ndarray):
     return b["d"], v.reshape(-1, G.QK), 2 * sc + 1
 
 
-FORMAT = G.register_format(TYPE, BLOCK, NSUB, C, decode_numpy, mult_numpy)
+def quantize(x, imatrix=None, out=None) -> np.ndarray:
+    """Quantize rows (last axis) to IQ2_XS bytes, as llama.cpp's ``quantize_iq2_xs`` (numba).
+
+    ``imatrix`` is required (ggml asserts on its absence: :class:`QuantError` here).
+
+    Raises :class:`~llamacpy.quants.QuantError` where llama.cpp's quantizer aborts (NaN or
+    infinite input, magnitudes whose squares overflow).
+    """
+    return _iq2quant.quantize(1, x, imatrix, out, TYPE.name, TYPE_SIZE)
+
+
+def quantize_numpy(x, imatrix=None) -> np.ndarray:
+    """Vectorized numpy twin of :func:`quantize`."""
+    return _iq2quant_np.quantize_np(1, x, imatrix, TYPE.name, TYPE_SIZE)
+
+
+FORMAT = G.register_format(TYPE, BLOCK, NSUB, C, decode_numpy, mult_numpy, quantize, quantize_numpy)
 dequantize, dequantize_numpy = FORMAT.dequantize, FORMAT.dequantize_numpy

@@ -3,8 +3,8 @@
 word with four 7-bit sign fields (the eighth sign is the parity) and a 4-bit scale ``ls``:
 ``x = d * (0.5 + ls) * 0.25 * grid * sign``.
 
-Dequantize only (ggml's ``dequantize_row_iq2_xxs``); quantizing needs ggml's grid search
-with an importance matrix and is not implemented.
+Quantization is ggml's ``quantize_iq2_xxs`` (see :mod:`._iq2quant`); like ggml it needs an
+importance matrix.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import numpy as np
 from numba import njit
 
 from llamacpy.gguf.constants import GGML_BLOCK_SIZES, GGMLType
+from llamacpy.quants import _iq2quant, _iq2quant_np
 from llamacpy.quants import _iqgrid as G
 from llamacpy.quants._helpers import F32
 
@@ -57,5 +58,21 @@ def decode_numpy(b: np.ndarray):
     return b["d"], v.reshape(-1, G.QK), 2 * (aux >> 28) + 1
 
 
-FORMAT = G.register_format(TYPE, BLOCK, NSUB, C, decode_numpy, mult_numpy)
+def quantize(x, imatrix=None, out=None) -> np.ndarray:
+    """Quantize rows (last axis) to IQ2_XXS bytes, as llama.cpp's ``quantize_iq2_xxs`` (numba).
+
+    ``imatrix`` is required (ggml asserts on its absence: :class:`QuantError` here).
+
+    Raises :class:`~llamacpy.quants.QuantError` where llama.cpp's quantizer aborts (NaN or
+    infinite input, magnitudes whose squares overflow).
+    """
+    return _iq2quant.quantize(0, x, imatrix, out, TYPE.name, TYPE_SIZE)
+
+
+def quantize_numpy(x, imatrix=None) -> np.ndarray:
+    """Vectorized numpy twin of :func:`quantize`."""
+    return _iq2quant_np.quantize_np(0, x, imatrix, TYPE.name, TYPE_SIZE)
+
+
+FORMAT = G.register_format(TYPE, BLOCK, NSUB, C, decode_numpy, mult_numpy, quantize, quantize_numpy)
 dequantize, dequantize_numpy = FORMAT.dequantize, FORMAT.dequantize_numpy
