@@ -14,16 +14,14 @@ the process on it: the IQ3 types, whose neighbour search finds no finite distanc
 from __future__ import annotations
 
 import argparse
-import ctypes
-import os
-import signal
+import sys
 from pathlib import Path
 
 import numpy as np
 
-from llamacpy.gguf import GGML_BLOCK_SIZES, GGMLType
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _ggml_quantize import DEFAULT_LIB, load, quantize_forked
 
-DEFAULT_LIB = "/root/oracle/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin/libggml-base.so"
 OUT = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "quants" / "tq_iq3_quant.npz"
 TYPES = ["TQ1_0", "TQ2_0", "IQ3_XXS", "IQ3_S"]
 
@@ -44,49 +42,16 @@ def inputs(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray
     return x, im, x_nan
 
 
-def quantize(lib, name: str, x: np.ndarray, im: np.ndarray | None) -> np.ndarray | None:
-    """ggml's bytes, computed in a forked child; None where ggml aborts."""
-    t = int(GGMLType[name])
-    block, size = GGML_BLOCK_SIZES[GGMLType[name]]
-    nbytes = x.size // block * size
-    lib.ggml_quantize_init(t)  # the tables are built before the fork
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.close(r)
-            os.environ["GGML_NO_BACKTRACE"] = "1"
-            out = np.zeros(nbytes, np.uint8)
-            p = None if im is None else im.ctypes.data
-            lib.ggml_quantize_chunk(t, x.ctypes.data, out.ctypes.data, 0, *x.shape, p)
-            with os.fdopen(w, "wb") as f:
-                f.write(out.tobytes())
-        finally:
-            os._exit(0)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        data = f.read()
-    _, status = os.waitpid(pid, 0)
-    if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGABRT:
-        return None
-    assert status == 0 and len(data) == nbytes, (name, status)
-    return np.frombuffer(data, np.uint8)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--lib", default=DEFAULT_LIB)
     args = ap.parse_args()
-    lib = ctypes.CDLL(args.lib)
-    p, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.ggml_quantize_chunk.argtypes = [ctypes.c_int, p, p, i64, i64, i64, p]
-    lib.ggml_quantize_chunk.restype = ctypes.c_size_t
-    lib.ggml_quantize_init.argtypes = [ctypes.c_int]
+    lib = load(args.lib)
     x, im, x_nan = inputs(np.random.default_rng(23))
     out = {"x": x, "im": im, "x_nan": x_nan}
     for name in TYPES:
         for key, xs, w in ((name, x, None), (f"{name}/im", x, im), (f"{name}/nan", x_nan, None)):
-            q = quantize(lib, name, xs, w)
+            q = quantize_forked(lib, name, xs, w)
             if q is None and key != f"{name}/nan":
                 raise SystemExit(f"ggml aborted on {key}")
             out[key] = np.zeros(0, np.uint8) if q is None else q
