@@ -328,11 +328,15 @@ def _round(idv, scale, n, xval, waux, tabs, L, on, only_off):
     the grid) to ``L``; ``on[k]``: whether group ``k`` rounded onto the grid. With
     ``only_off`` the groups on the grid are left as they are. False where ggml aborts."""
     kmap = tabs[2]
-    for k in range(n // 8):
-        if only_off and on[k]:
-            continue
-        for i in range(8 * k, 8 * k + 8):
+    if not only_off:  # every level at once (one vectorizable loop)
+        for i in range(n):
             L[i] = max(0, min(2, nearest_int(_HALF * (idv * xval[i] - F1))))
+    for k in range(n // 8):
+        if only_off:
+            if on[k]:
+                continue
+            for i in range(8 * k, 8 * k + 8):
+                L[i] = max(0, min(2, nearest_int(_HALF * (idv * xval[i] - F1))))
         u = code_of(L, 8 * k)
         g = kmap[u]
         if not only_off:
