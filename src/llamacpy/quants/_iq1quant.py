@@ -22,7 +22,13 @@ import numpy as np
 from numba import njit, prange
 
 from llamacpy.quants._helpers import F0, F1, F32, fp32_to_fp16, store_f16
-from llamacpy.quants._iq2quant import FLT_MAX, run, scale_code, sigma2_of
+from llamacpy.quants._iq2quant import (
+    FLT_MAX,
+    nearest_candidate,
+    run,
+    scale_code,
+    sigma2_of,
+)
 from llamacpy.quants._iqgrid import QK
 
 _DELTA = F32(0.125)  # IQ1S_DELTA, IQ1M_DELTA
@@ -77,20 +83,10 @@ def best_neighbour2(tabs, u, x, o, weight, wo, scale, xx, L, lo):
     ggml scans the whole grid, comparing each point's levels with one element
     ``x[o + point]`` (reading past the group: past the input is undefined, -1 here); -1
     where nothing qualifies (ggml asserts)."""
-    levels, _, kmap, neigh = tabs
-    start = -np.int64(kmap[u]) - 1
-    best = FLT_MAX
-    gi = -1
-    for j in range(start + 1, start + 1 + np.int64(neigh[start])):
-        g = np.int64(neigh[j])
-        d2 = F0
-        for i in range(8):
-            diff = scale * xx[levels[g, i]] - x[o + i]
-            d2 += weight[wo + i] * diff * diff
-        if d2 < best:
-            best = d2
-            gi = g
+    levels = tabs[0]
+    gi = nearest_candidate(tabs, u, x, o, weight, wo, scale, F1, xx[0])  # xx[l] = l + xx[0]
     if gi < 0:
+        best = FLT_MAX
         if o + _NGRID > x.size:
             return -1
         for g in range(_NGRID):

@@ -28,7 +28,10 @@ from __future__ import annotations
 from functools import cache
 
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from llamacpy.quants._errors import QuantError
 from llamacpy.quants._helpers import (
@@ -46,6 +49,7 @@ from llamacpy.quants._helpers import (
 )
 from llamacpy.quants._iqgrid import QK, grid
 from llamacpy.quants._search import make_qp_quants
+from llamacpy.simd import f32x16, vcvt, vload_f32, vload_u8, vselect_gt, vsplat_f32, vzero_f32
 
 NCODES = 1 << 16  # a code is a uint16 in ggml; its map covers 43692 of them
 _MAP_SIZE = 43692
@@ -53,10 +57,13 @@ NO_LIST = -(1 << 30)  # kmap of codes no search reaches (a level 3, or beyond gg
 FLT_MAX = F32(np.finfo(np.float32).max)
 _HALF = F32(0.5)
 _TENTH = F32(0.1)
-_5 = F32(5.0)  # 2 * kMaxQ - 1
+_1, _2, _5 = F32(1.0), F32(2.0), F32(5.0)  # IQ2 values 2 l + 1; 5: 2 * kMaxQ - 1
 _31 = F32(31.0)
 _EPS_S = F32(1e-8)  # GROUP_MAX_EPS_IQ2_S
 _FUDGE_S = F32(0.9875)
+_LANES = 16
+_IOTA = np.arange(_LANES, dtype=np.float32)
+_INF = F32(np.inf)
 # the grids, their entry count, and nwant of ggml's neighbour search
 GRIDS = {"iq2xxs_grid": (8, 2), "iq2xs_grid": (9, 2), "iq2s_grid": (10, 1), "iq1s_grid": (11, 3)}
 
@@ -156,6 +163,33 @@ def tables(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     return readonly(levels), readonly(values), readonly(kmap), readonly(neigh)
 
 
+@cache
+def lanes(name: str) -> tuple[np.ndarray, np.ndarray]:
+    """The neighbour lists of grid ``name`` laid out for 16-lane vectors: ``(base,
+    levels)``. Neighbour ``j`` of the list of an off-grid code ``u`` is lane ``j % 16`` of
+    chunk ``j // 16``, whose level ``i`` is ``levels[base[u] + 128 * (j // 16) + 16 * i +
+    j % 16]``; padding lanes hold 0."""
+    levels, _, kmap, neigh = tables(name)
+    base = np.full(NCODES, -1, np.int32)
+    chunks = []
+    at = 0
+    for u in np.flatnonzero((kmap < 0) & (kmap != NO_LIST)):
+        start = -int(kmap[u]) - 1
+        n = int(neigh[start])
+        nc = (n + _LANES - 1) // _LANES
+        block = np.zeros((nc * _LANES, 8), np.uint8)
+        block[:n] = levels[neigh[start + 1 : start + 1 + n]]
+        chunks.append(block.reshape(nc, _LANES, 8).transpose(0, 2, 1).reshape(-1))
+        base[u] = at
+        at += nc * 8 * _LANES
+    return readonly(base), readonly(np.concatenate(chunks))
+
+
+def all_tables(name: str) -> tuple[np.ndarray, ...]:
+    """What the kernels take: :func:`tables` then :func:`lanes`."""
+    return (*tables(name), *lanes(name))
+
+
 # ----------------------------------------------------------------------------- numba
 
 
@@ -176,27 +210,74 @@ def grid_index(kmap, u):
     return g if g >= 0 and u < _MAP_SIZE else -1
 
 
+_V16F = ir.VectorType(ir.FloatType(), _LANES)
+_MASK16 = ir.IntType(_LANES)
+
+
+@intrinsic
+def _vmin_lane(typingctx, v):
+    """``(min, first lane holding it)`` of an ``f32x16`` with no NaN lane."""
+    if v != f32x16:
+        return None
+
+    def cg(context, builder, sig, args):
+        def fn(name, ret, argtys):
+            return cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ret, argtys), name
+            )
+
+        reduce = fn("llvm.vector.reduce.fmin.v16f32", ir.FloatType(), [_V16F])
+        m = builder.call(reduce, [args[0]], fastmath=("nnan",))
+        splat = builder.insert_element(ir.Constant(_V16F, None), m, ir.IntType(32)(0))
+        zeros = ir.Constant(ir.VectorType(ir.IntType(32), _LANES), [0] * _LANES)
+        splat = builder.shuffle_vector(splat, splat, zeros)
+        eq = builder.bitcast(builder.fcmp_ordered("==", args[0], splat), _MASK16)
+        cttz = fn("llvm.cttz.i16", _MASK16, [_MASK16, ir.IntType(1)])
+        lane = builder.call(cttz, [eq, ir.IntType(1)(0)])
+        return cgutils.make_anonymous_struct(builder, [m, builder.zext(lane, ir.IntType(64))])
+
+    return types.Tuple((types.float32, types.int64))(v), cg
+
+
+@njit(cache=True, inline="always")
+def nearest_candidate(tabs, u, x, xo, w, wo, scale, a, b):
+    """Of the neighbours of the off-grid code ``u``: the first with the least
+    ``sum_i w[wo + i] * (scale * q_i - x[xo + i])**2`` (``q_i = l_i * a + b`` of its levels
+    ``l_i``, exact for the IQ2 and IQ1 values), below FLT_MAX (never a NaN); -1 where none
+    qualifies. Sixteen neighbours at a time, one per lane, each sum in C's element order."""
+    neigh, base, lv = tabs[3], tabs[4], tabs[5]
+    start = -np.int64(tabs[2][u]) - 1
+    n = np.int64(neigh[start])
+    b0 = np.int64(base[u])
+    sv, va, vb = vsplat_f32(scale), vsplat_f32(a), vsplat_f32(b)
+    iota = vload_f32(_IOTA, 0)
+    inf, fmax = vsplat_f32(_INF), vsplat_f32(FLT_MAX)
+    best = FLT_MAX
+    gi = -1
+    for c in range((n + _LANES - 1) // _LANES):
+        o = b0 + 8 * _LANES * c
+        d2 = vzero_f32()
+        for i in range(8):
+            e = sv * (vcvt(vload_u8(lv, o + _LANES * i)) * va + vb) - vsplat_f32(x[xo + i])
+            d2 = d2 + vsplat_f32(w[wo + i]) * e * e
+        d2 = vselect_gt(fmax, d2, d2, inf)  # NaN and >= FLT_MAX never win
+        d2 = vselect_gt(vsplat_f32(F32(n - _LANES * c)), iota, d2, inf)  # padding lanes
+        m, lane = _vmin_lane(d2)
+        if m < best:
+            best = m
+            gi = np.int64(neigh[start + 1 + _LANES * c + lane])
+    return gi
+
+
 @njit(cache=True, error_model="numpy")
 def best_neighbour(tabs, u, xval, waux, o, scale, L):
     """ggml's ``iq2_find_best_neighbour`` for the off-grid code ``u`` of the 8 weights at
     ``o``: the neighbour with the least ``sum waux * (scale * q - x)**2`` (first of equals,
     below FLT_MAX), its levels to ``L[o:o + 8]``; -1 where none qualifies (ggml asserts)."""
-    levels, values, kmap, neigh = tabs
-    start = -np.int64(kmap[u]) - 1
-    best_d2 = FLT_MAX
-    gi = -1
-    for j in range(start + 1, start + 1 + np.int64(neigh[start])):
-        g = np.int64(neigh[j])
-        d2 = F0
-        for i in range(8):
-            diff = scale * values[g, i] - xval[o + i]
-            d2 += waux[o + i] * diff * diff
-        if d2 < best_d2:
-            best_d2 = d2
-            gi = g
+    gi = nearest_candidate(tabs, u, xval, o, waux, o, scale, _2, _1)
     if gi >= 0:
         for i in range(8):
-            L[o + i] = levels[gi, i]
+            L[o + i] = tabs[0][gi, i]
     return gi
 
 
@@ -247,11 +328,15 @@ def _round(idv, scale, n, xval, waux, tabs, L, on, only_off):
     the grid) to ``L``; ``on[k]``: whether group ``k`` rounded onto the grid. With
     ``only_off`` the groups on the grid are left as they are. False where ggml aborts."""
     kmap = tabs[2]
-    for k in range(n // 8):
-        if only_off and on[k]:
-            continue
-        for i in range(8 * k, 8 * k + 8):
+    if not only_off:  # every level at once (one vectorizable loop)
+        for i in range(n):
             L[i] = max(0, min(2, nearest_int(_HALF * (idv * xval[i] - F1))))
+    for k in range(n // 8):
+        if only_off:
+            if on[k]:
+                continue
+            for i in range(8 * k, 8 * k + 8):
+                L[i] = max(0, min(2, nearest_int(_HALF * (idv * xval[i] - F1))))
         u = code_of(L, 8 * k)
         g = kmap[u]
         if not only_off:
@@ -502,7 +587,7 @@ def run(kernel, kind: int, grid_name: str, x, imatrix, out, name: str, type_size
     else:
         qw, rows_per_qw = as_imatrix(imatrix, rows, name)
     bad = np.zeros(rows.size // QK, np.bool_)
-    kernel(kind, rows, qw, max(rows_per_qw, 1), imatrix is not None, tables(grid_name), dst,
+    kernel(kind, rows, qw, max(rows_per_qw, 1), imatrix is not None, all_tables(grid_name), dst,
            bad)  # fmt: skip
     if bad.any():
         b = int(np.argmax(bad))
