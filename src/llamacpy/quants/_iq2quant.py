@@ -28,10 +28,7 @@ from __future__ import annotations
 from functools import cache
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, prange, types
-from numba.core import cgutils
-from numba.extending import intrinsic
+from numba import njit, prange
 
 from llamacpy.quants._errors import QuantError
 from llamacpy.quants._helpers import (
@@ -47,9 +44,10 @@ from llamacpy.quants._helpers import (
     readonly,
     store_f16,
 )
+from llamacpy.quants._iq3quant import _vmin_lane  # (min, first lane) of an f32x16
 from llamacpy.quants._iqgrid import QK, grid
 from llamacpy.quants._search import make_qp_quants
-from llamacpy.simd import f32x16, vcvt, vload_f32, vload_u8, vselect_gt, vsplat_f32, vzero_f32
+from llamacpy.simd import vcvt, vload_f32, vload_u8, vselect_gt, vsplat_f32, vzero_f32
 
 NCODES = 1 << 16  # a code is a uint16 in ggml; its map covers 43692 of them
 _MAP_SIZE = 43692
@@ -208,35 +206,6 @@ def grid_index(kmap, u):
     """The grid index of a packed code, or -1 where ggml aborts (off the grid)."""
     g = np.int64(kmap[u])
     return g if g >= 0 and u < _MAP_SIZE else -1
-
-
-_V16F = ir.VectorType(ir.FloatType(), _LANES)
-_MASK16 = ir.IntType(_LANES)
-
-
-@intrinsic
-def _vmin_lane(typingctx, v):
-    """``(min, first lane holding it)`` of an ``f32x16`` with no NaN lane."""
-    if v != f32x16:
-        return None
-
-    def cg(context, builder, sig, args):
-        def fn(name, ret, argtys):
-            return cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(ret, argtys), name
-            )
-
-        reduce = fn("llvm.vector.reduce.fmin.v16f32", ir.FloatType(), [_V16F])
-        m = builder.call(reduce, [args[0]], fastmath=("nnan",))
-        splat = builder.insert_element(ir.Constant(_V16F, None), m, ir.IntType(32)(0))
-        zeros = ir.Constant(ir.VectorType(ir.IntType(32), _LANES), [0] * _LANES)
-        splat = builder.shuffle_vector(splat, splat, zeros)
-        eq = builder.bitcast(builder.fcmp_ordered("==", args[0], splat), _MASK16)
-        cttz = fn("llvm.cttz.i16", _MASK16, [_MASK16, ir.IntType(1)])
-        lane = builder.call(cttz, [eq, ir.IntType(1)(0)])
-        return cgutils.make_anonymous_struct(builder, [m, builder.zext(lane, ir.IntType(64))])
-
-    return types.Tuple((types.float32, types.int64))(v), cg
 
 
 @njit(cache=True, inline="always")
