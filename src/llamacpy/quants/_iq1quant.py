@@ -19,7 +19,10 @@ raises :class:`QuantError` naming the super-block.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from llamacpy.quants._helpers import F0, F1, F32, fp32_to_fp16, store_f16
 from llamacpy.quants._iq2quant import (
@@ -30,6 +33,7 @@ from llamacpy.quants._iq2quant import (
     sigma2_of,
 )
 from llamacpy.quants._iqgrid import QK
+from llamacpy.simd import f32x16, vload_f32, vselect_gt, vsplat_f32, vzero_f32
 
 _DELTA = F32(0.125)  # IQ1S_DELTA, IQ1M_DELTA
 # the shifted levels: x_p (delta > 0), x_m (delta < 0)
@@ -41,13 +45,53 @@ _15 = F32(15.0)
 _FUDGE_S = F32(1.125)
 _FUDGE_M = F32(1.1125)
 _NGRID = 2048
+_LANES = 16
+_IOTA = np.arange(_LANES, dtype=np.float32)
+# IQ1_M's level-square differences x[0]^2 - x[1]^2, x[1]^2 - x[2]^2 (+ and - shifts)
+_CP1, _CP2 = X_P[0] * X_P[0] - X_P[1] * X_P[1], X_P[1] * X_P[1] - X_P[2] * X_P[2]
+_CM1, _CM2 = X_M[0] * X_M[0] - X_M[1] * X_M[1], X_M[1] * X_M[1] - X_M[2] * X_M[2]
+
+
+@intrinsic
+def _vlt_eq(typingctx, v, s):
+    """``(lanes < s, lanes == s)`` of an ``f32x16`` as bit masks (ordered: NaN never)."""
+    if v != f32x16 or s != types.float32:
+        return None
+
+    def cg(context, builder, sig, args):
+        vs = builder.insert_element(ir.Constant(args[0].type, None), args[1], ir.IntType(32)(0))
+        zeros = ir.Constant(ir.VectorType(ir.IntType(32), _LANES), [0] * _LANES)
+        vs = builder.shuffle_vector(vs, vs, zeros)
+
+        def bits(op):
+            m = builder.bitcast(builder.fcmp_ordered(op, args[0], vs), ir.IntType(_LANES))
+            return builder.zext(m, ir.IntType(64))
+
+        return cgutils.make_anonymous_struct(builder, [bits("<"), bits("==")])
+
+    return types.Tuple((types.int64, types.int64))(v, s), cg
+
+
+@intrinsic
+def _popcount(typingctx, m):
+    """The number of set bits of an int64."""
+    if m != types.int64:
+        return None
+
+    def cg(context, builder, sig, args):
+        i64 = ir.IntType(64)
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(i64, [i64]), "llvm.ctpop.i64"
+        )
+        return builder.call(fn, [args[0]])
+
+    return types.int64(m), cg
 
 
 @njit(cache=True, error_model="numpy")
-def sort_order(x, o, n, idx):
-    """``idx``: the indices of ``x[o:o + n]`` in ascending order as glibc's ``qsort`` leaves
-    them with ggml's comparator (a stable top-down merge sort; NaN compares equal to
-    everything). ``n`` is a power of two, so merging runs of 1, 2, 4, ... is the same."""
+def _merge_order(x, o, n, idx):
+    """glibc's merge sort (top-down; ``n`` a power of two, so merging runs of 1, 2, 4, ...
+    is the same) of ``x[o:o + n]`` by ggml's comparator, NaN equal to everything."""
     tmp = np.empty(n, np.int64)
     for j in range(n):
         idx[j] = j
@@ -73,6 +117,28 @@ def sort_order(x, o, n, idx):
                 t += 1
         idx[:] = tmp
         width *= 2
+
+
+@njit(cache=True, error_model="numpy")
+def sort_order(x, o, n, idx):
+    """``idx``: the indices of ``x[o:o + n]`` in ascending order as glibc's ``qsort`` leaves
+    them with ggml's comparator: a stable sort (glibc's merge sort), so without a NaN each
+    index goes to its rank (the smaller elements and the equal ones before it, counted 16
+    at a time)."""
+    nan = False
+    for j in range(n):
+        nan |= x[o + j] != x[o + j]
+    if nan:
+        _merge_order(x, o, n, idx)
+        return
+    for i in range(n):
+        xi = x[o + i]
+        r = 0
+        for h in range(n // _LANES):  # 16 elements j at a time
+            lt, eq = _vlt_eq(vload_f32(x, o + _LANES * h), xi)
+            before = (1 << max(0, min(_LANES, i - _LANES * h))) - 1
+            r += _popcount(lt) + _popcount(eq & before)
+        idx[r] = i
 
 
 @njit(cache=True, error_model="numpy")
@@ -117,48 +183,137 @@ def _weights(x, o, n, qw, qo, use_qw, sigma2, weight):
     return mx
 
 
+@intrinsic
+def _vmask_gt2(typingctx, a, b, c, d):
+    """The lanes (bit ``j``: lane ``j``) with ``a > b`` and ``c > d`` (ordered: NaN never),
+    ``f32x16``."""
+    if not all(t == f32x16 for t in (a, b, c, d)):
+        return None
+
+    def cg(context, builder, sig, args):
+        m = builder.and_(
+            builder.fcmp_ordered(">", args[0], args[1]), builder.fcmp_ordered(">", args[2], args[3])
+        )
+        return builder.zext(builder.bitcast(m, ir.IntType(_LANES)), ir.IntType(64))
+
+    return types.int64(a, b, c, d), cg
+
+
+@intrinsic
+def _ctz(typingctx, m):
+    """The index of the lowest set bit of a non-zero int64."""
+    if m != types.int64:
+        return None
+
+    def cg(context, builder, sig, args):
+        i64 = ir.IntType(64)
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(i64, [i64, ir.IntType(1)]), "llvm.cttz.i64"
+        )
+        return builder.call(fn, [args[0], ir.IntType(1)(1)])
+
+    return types.int64(m), cg
+
+
+@njit(cache=True, inline="always")
+def _fits(qx, q2, best, valid):
+    """The lanes below ``valid`` with C's ``sumq2 > 0 && sumqx^2 > best * sumq2``."""
+    zero = vzero_f32()
+    q2 = vselect_gt(vsplat_f32(valid), vload_f32(_IOTA, 0), q2, zero)  # padding: never
+    return _vmask_gt2(q2, zero, qx * qx, vsplat_f32(best) * q2)
+
+
+@njit(cache=True, inline="always")
+def _cand_s(sumx, sumw, i1, i2, xx):
+    """C's ``sumqx``, ``sumq2`` of the split ``(i1, i2)`` with levels ``xx``."""
+    a, b, c = sumx[i1] - sumx[0], sumx[i2] - sumx[i1], sumx[32] - sumx[i2]
+    wa, wb, wc = sumw[i1] - sumw[0], sumw[i2] - sumw[i1], sumw[32] - sumw[i2]
+    sumqx = a * xx[0] + b * xx[1] + c * xx[2]
+    sumq2 = wa * xx[0] * xx[0] + wb * xx[1] * xx[1] + wc * xx[2] * xx[2]
+    return sumqx, sumq2
+
+
+@njit(cache=True, inline="always")
+def _vcand_s(sumx, sumw, i1, s, xx):
+    """:func:`_cand_s` of the splits ``(i1, s + lane)``, one per lane (the same arithmetic)."""
+    a, wa = vsplat_f32(sumx[i1] - sumx[0]), vsplat_f32(sumw[i1] - sumw[0])
+    x2, w2 = vload_f32(sumx, s), vload_f32(sumw, s)
+    b, wb = x2 - vsplat_f32(sumx[i1]), w2 - vsplat_f32(sumw[i1])
+    c, wc = vsplat_f32(sumx[32]) - x2, vsplat_f32(sumw[32]) - w2
+    p0, p1, p2 = vsplat_f32(xx[0]), vsplat_f32(xx[1]), vsplat_f32(xx[2])
+    return a * p0 + b * p1 + c * p2, wa * p0 * p0 + wb * p1 * p1 + wc * p2 * p2
+
+
 @njit(cache=True, error_model="numpy")
 def _split_s(x, o, weight, idx):
     """IQ1_S's exhaustive split search over the 32 sorted weights: ``(scale, i1, i2,
-    shift)``, ``shift`` 0 where no split fits."""
-    sumx = np.zeros(33, np.float32)
-    sumw = np.zeros(33, np.float32)
+    shift)``, ``shift`` 0 where no split fits. The candidates are scored 16 at a time; a
+    run of 16 none of which could beat the best so far (the test C makes, against the same
+    best) is passed over; of the others, each lane that could is taken in C's order."""
+    sumx = np.zeros(33 + _LANES, np.float32)
+    sumw = np.zeros(33 + _LANES, np.float32)
     for j in range(32):
         i = idx[j]
         sumx[j + 1] = sumx[j] + weight[i] * x[o + i]
         sumw[j + 1] = sumw[j] + weight[i]
-    p0, p1, p2 = X_P[0], X_P[1], X_P[2]
-    m0, m1, m2 = X_M[0], X_M[1], X_M[2]
     best = -FLT_MAX
     scale = F0
     b1 = b2 = -1
     shift = 0
     for i1 in range(33):
-        for i2 in range(i1, 33):
-            a, b, c = sumx[i1] - sumx[0], sumx[i2] - sumx[i1], sumx[32] - sumx[i2]
-            wa, wb, wc = sumw[i1] - sumw[0], sumw[i2] - sumw[i1], sumw[32] - sumw[i2]
-            sumqx = a * p0 + b * p1 + c * p2
-            sumq2 = wa * p0 * p0 + wb * p1 * p1 + wc * p2 * p2
-            if sumq2 > F0 and sumqx * sumqx > best * sumq2:
-                scale = sumqx / sumq2
-                best = scale * sumqx
-                b1, b2, shift = i1, i2, 1
-            sumqx = a * m0 + b * m1 + c * m2
-            sumq2 = wa * m0 * m0 + wb * m1 * m1 + wc * m2 * m2
-            if sumq2 > F0 and sumqx * sumqx > best * sumq2:
-                scale = sumqx / sumq2
-                best = scale * sumqx
-                b1, b2, shift = i1, i2, -1
+        for s in range(i1, 33, _LANES):
+            valid = F32(33 - s)
+            qxp, q2p = _vcand_s(sumx, sumw, i1, s, X_P)
+            qxm, q2m = _vcand_s(sumx, sumw, i1, s, X_M)
+            lo = 0
+            while True:  # the next lane that could beat the best so far, in C's order
+                m = (_fits(qxp, q2p, best, valid) | _fits(qxm, q2m, best, valid)) >> lo << lo
+                if m == 0:
+                    break
+                lane = _ctz(m)
+                lo = lane + 1
+                i2 = s + lane
+                for sh in (1, -1):
+                    sumqx, sumq2 = _cand_s(sumx, sumw, i1, i2, X_P if sh == 1 else X_M)
+                    if sumq2 > F0 and sumqx * sumqx > best * sumq2:
+                        scale = sumqx / sumq2
+                        best = scale * sumqx
+                        b1, b2, shift = i1, i2, sh
     return scale, b1, b2, shift
+
+
+@njit(cache=True, inline="always")
+def _halves_m(px, pw, i1, i2, h):
+    """IQ1_M's per-half ``(sumqx +, sumqx -, sumq2 +, sumq2 -)`` of the split ``(i1, i2)``."""
+    sx = px[h, i1] + px[h, i2]
+    t, w = px[h, 16], pw[h, 16]
+    qxp = t * X_P[2] - sx
+    qxm = t * X_M[2] - sx
+    q2p = w * X_P[2] * X_P[2] + pw[h, i1] * _CP1 + pw[h, i2] * _CP2
+    q2m = w * X_M[2] * X_M[2] + pw[h, i1] * _CM1 + pw[h, i2] * _CM2
+    return qxp, qxm, q2p, q2m
+
+
+@njit(cache=True, inline="always")
+def _vhalves_m(px, pw, i1, s, h):
+    """:func:`_halves_m` of the splits ``(i1, s + lane)``, one per lane."""
+    sx = vsplat_f32(px[h, i1]) + vload_f32(px[h], s)
+    t, w = px[h, 16], pw[h, 16]
+    qxp = vsplat_f32(t * X_P[2]) - sx
+    qxm = vsplat_f32(t * X_M[2]) - sx
+    p2 = vload_f32(pw[h], s)
+    q2p = vsplat_f32(w * X_P[2] * X_P[2] + pw[h, i1] * _CP1) + p2 * vsplat_f32(_CP2)
+    q2m = vsplat_f32(w * X_M[2] * X_M[2] + pw[h, i1] * _CM1) + p2 * vsplat_f32(_CM2)
+    return qxp, qxm, q2p, q2m
 
 
 @njit(cache=True, error_model="numpy")
 def _split_m(x, o, weight, idx):
     """IQ1_M's split search over the 16 sorted weights, one shift per half: ``(scale, i1,
     i2, k)`` with ``k`` = 2 * (first half shifted down) + (second half shifted down), -1
-    where no split fits."""
-    px = np.zeros((2, 17), np.float32)
-    pw = np.zeros((2, 17), np.float32)
+    where no split fits. Scored 16 candidates at a time as in :func:`_split_s`."""
+    px = np.zeros((2, 17 + _LANES), np.float32)
+    pw = np.zeros((2, 17 + _LANES), np.float32)
     for j in range(16):
         i = idx[j]
         h = 0 if i < 8 else 1
@@ -166,34 +321,34 @@ def _split_m(x, o, weight, idx):
         px[1 - h, j + 1] = px[1 - h, j]
         pw[h, j + 1] = pw[h, j] + weight[i]
         pw[1 - h, j + 1] = pw[1 - h, j]
-    p2, m2 = X_P[2], X_M[2]
-    cp1 = X_P[0] * X_P[0] - X_P[1] * X_P[1]
-    cp2 = X_P[1] * X_P[1] - X_P[2] * X_P[2]
-    cm1 = X_M[0] * X_M[0] - X_M[1] * X_M[1]
-    cm2 = X_M[1] * X_M[1] - X_M[2] * X_M[2]
     best = -FLT_MAX
     scale = F0
     b1 = b2 = bk = -1
-    t0, t1, w0, w1 = px[0, 16], px[1, 16], pw[0, 16], pw[1, 16]
     for i1 in range(17):
-        for i2 in range(i1, 17):
-            sx = px[0, i1] + px[0, i2]
-            qxp0 = t0 * p2 - sx
-            qxm0 = t0 * m2 - sx
-            q2p0 = w0 * p2 * p2 + pw[0, i1] * cp1 + pw[0, i2] * cp2
-            q2m0 = w0 * m2 * m2 + pw[0, i1] * cm1 + pw[0, i2] * cm2
-            sx = px[1, i1] + px[1, i2]
-            qxp1 = t1 * p2 - sx
-            qxm1 = t1 * m2 - sx
-            q2p1 = w1 * p2 * p2 + pw[1, i1] * cp1 + pw[1, i2] * cp2
-            q2m1 = w1 * m2 * m2 + pw[1, i1] * cm1 + pw[1, i2] * cm2
-            for k in range(4):  # (+, +), (+, -), (-, +), (-, -)
-                sqx = (qxm0 if k >= 2 else qxp0) + (qxm1 if k & 1 else qxp1)
-                sq2 = (q2m0 if k >= 2 else q2p0) + (q2m1 if k & 1 else q2p1)
-                if sq2 > F0 and sqx * sqx > best * sq2:
-                    scale = sqx / sq2
-                    best = scale * sqx
-                    b1, b2, bk = i1, i2, k
+        for s in range(i1, 17, _LANES):
+            valid = F32(17 - s)
+            xp0, xm0, qp0, qm0 = _vhalves_m(px, pw, i1, s, 0)
+            xp1, xm1, qp1, qm1 = _vhalves_m(px, pw, i1, s, 1)
+            xpp, qpp, xpm, qpm = xp0 + xp1, qp0 + qp1, xp0 + xm1, qp0 + qm1
+            xmp, qmp, xmm, qmm = xm0 + xp1, qm0 + qp1, xm0 + xm1, qm0 + qm1
+            lo = 0
+            while True:  # the next lane that could beat the best so far, in C's order
+                m = _fits(xpp, qpp, best, valid) | _fits(xpm, qpm, best, valid)
+                m = (m | _fits(xmp, qmp, best, valid) | _fits(xmm, qmm, best, valid)) >> lo << lo
+                if m == 0:
+                    break
+                lane = _ctz(m)
+                lo = lane + 1
+                i2 = s + lane
+                xp0, xm0, qp0, qm0 = _halves_m(px, pw, i1, i2, 0)
+                xp1, xm1, qp1, qm1 = _halves_m(px, pw, i1, i2, 1)
+                for k in range(4):  # (+, +), (+, -), (-, +), (-, -)
+                    sqx = (xm0 if k >= 2 else xp0) + (xm1 if k & 1 else xp1)
+                    sq2 = (qm0 if k >= 2 else qp0) + (qm1 if k & 1 else qp1)
+                    if sq2 > F0 and sqx * sqx > best * sq2:
+                        scale = sqx / sq2
+                        best = scale * sqx
+                        b1, b2, bk = i1, i2, k
     return scale, b1, b2, bk
 
 
