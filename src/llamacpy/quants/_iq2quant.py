@@ -44,8 +44,8 @@ from llamacpy.quants._helpers import (
     readonly,
     store_f16,
 )
-from llamacpy.quants._iq3quant import _vmin_lane  # (min, first lane) of an f32x16
 from llamacpy.quants._iqgrid import QK, grid
+from llamacpy.quants._iqshared import _vmin_lane, signs_and_max
 from llamacpy.quants._search import make_qp_quants
 from llamacpy.simd import vcvt, vload_f32, vload_u8, vselect_gt, vsplat_f32, vzero_f32
 
@@ -262,33 +262,7 @@ def _prepare(x, o, n, qw, use_qw, sigma2, iq2s, weight, waux, xval, signs):
         else:  # IQ2_S without an importance matrix
             weight[i] = F32(0.25) * sigma2 + v * v
         waux[i] = np.sqrt(weight[i])
-    for k in range(n // 8):
-        nflip = 0
-        s = 0
-        for i in range(8):
-            v = x[o + 8 * k + i]
-            if v >= F0:
-                xval[8 * k + i] = v
-            else:
-                xval[8 * k + i] = -v
-                nflip += 1
-                s |= 1 << i
-        if not iq2s and nflip % 2:
-            imin = 0
-            e = o + 8 * k
-            mn = weight[8 * k] * x[e] * x[e]
-            for i in range(1, 8):
-                ax = weight[8 * k + i] * x[e + i] * x[e + i]
-                if ax < mn:
-                    mn = ax
-                    imin = i
-            xval[8 * k + imin] = -xval[8 * k + imin]
-            s ^= 1 << imin
-        signs[k] = s if iq2s else s & 127
-    mx = xval[0]
-    for i in range(1, n):
-        mx = mx if mx > xval[i] else xval[i]
-    return mx
+    return signs_and_max(x, o, n, weight, xval, signs, not iq2s)
 
 
 @njit(cache=True, error_model="numpy")

@@ -25,10 +25,7 @@ from __future__ import annotations
 from functools import cache
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, prange, types
-from numba.core import cgutils
-from numba.extending import intrinsic
+from numba import njit, prange
 
 from llamacpy.quants._errors import QuantError
 from llamacpy.quants._helpers import (
@@ -47,8 +44,9 @@ from llamacpy.quants._helpers import (
     store_f16,
 )
 from llamacpy.quants._iqgrid import QK
+from llamacpy.quants._iqshared import _vmin_lane, signs_and_max
 from llamacpy.quants._search_np import seqsum
-from llamacpy.simd import f32x16, vload_f32, vselect_gt, vsplat_f32, vzero_f32
+from llamacpy.simd import vload_f32, vselect_gt, vsplat_f32, vzero_f32
 
 KMAX = 8  # magnitude levels 0..7, value 2*l + 1
 _NCODES = 1 << 12
@@ -123,35 +121,6 @@ def lanes(grid: bytes, npoints: int) -> tuple[np.ndarray, np.ndarray]:
 # ----------------------------------------------------------------------------- numba
 
 
-_V16F = ir.VectorType(ir.FloatType(), _LANES)
-_MASK16 = ir.IntType(_LANES)
-
-
-@intrinsic
-def _vmin_lane(typingctx, v):
-    """``(min, first lane holding it)`` of an ``f32x16`` with no NaN lane."""
-    if v != f32x16:
-        return None
-
-    def cg(context, builder, sig, args):
-        def fn(name, ret, argtys):
-            return cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(ret, argtys), name
-            )
-
-        reduce = fn("llvm.vector.reduce.fmin.v16f32", ir.FloatType(), [_V16F])
-        m = builder.call(reduce, [args[0]], fastmath=("nnan",))
-        splat = builder.insert_element(ir.Constant(_V16F, None), m, ir.IntType(32)(0))
-        zeros = ir.Constant(ir.VectorType(ir.IntType(32), _LANES), [0] * _LANES)
-        splat = builder.shuffle_vector(splat, splat, zeros)
-        eq = builder.bitcast(builder.fcmp_ordered("==", args[0], splat), _MASK16)
-        cttz = fn("llvm.cttz.i16", _MASK16, [_MASK16, ir.IntType(1)])
-        lane = builder.call(cttz, [eq, ir.IntType(1)(0)])
-        return cgutils.make_anonymous_struct(builder, [m, builder.zext(lane, ir.IntType(64))])
-
-    return types.Tuple((types.float32, types.int64))(v), cg
-
-
 @njit(cache=True, inline="always")
 def best_neighbour(tabs, u, xval, waux, o, scale, L):
     """ggml's ``iq3_find_best_neighbour`` for the off-grid code ``u`` of the group at ``o``:
@@ -202,33 +171,7 @@ def _prepare(x, o, qw, use_qw, sigma2, xxs, weight, waux, xval, signs):
         v = x[o + i]
         weight[i] = qw[o + i] * np.sqrt(sigma2 + v * v) if use_qw else v * v
         waux[i] = np.sqrt(weight[i])
-    for k in range(4):
-        nflip = 0
-        s = 0
-        for i in range(8):
-            v = x[o + 8 * k + i]
-            if v >= F0:
-                xval[8 * k + i] = v
-            else:
-                xval[8 * k + i] = -v
-                nflip += 1
-                s |= 1 << i
-        if xxs and nflip % 2:  # an even number of signs: flip the least important weight
-            imin = 0
-            e = o + 8 * k
-            mn = weight[8 * k] * x[e] * x[e]
-            for i in range(1, 8):
-                ax = weight[8 * k + i] * x[e + i] * x[e + i]
-                if ax < mn:
-                    mn = ax
-                    imin = i
-            xval[8 * k + imin] = -xval[8 * k + imin]
-            s ^= 1 << imin
-        signs[k] = s & 127 if xxs else s
-    mx = xval[0]
-    for i in range(1, 32):
-        mx = mx if mx > xval[i] else xval[i]
-    return mx
+    return signs_and_max(x, o, 32, weight, xval, signs, xxs)
 
 
 @njit(cache=True, inline="always")
