@@ -69,6 +69,18 @@ GRIDS = {"iq2xxs_grid": (8, 2), "iq2xs_grid": (9, 2), "iq2s_grid": (10, 1), "iq1
 # ----------------------------------------------------------------------------- tables
 
 
+@njit(cache=True, inline="always")
+def _distances(levels, u, d2):
+    """``d2[g]``: the squared distance of grid point ``g`` to the packed code ``u`` (levels
+    ``2l + 1``, as ggml measures it)."""
+    for g in range(levels.shape[0]):
+        s = 0
+        for k in range(8):
+            diff = 2 * (np.int64(levels[g, k]) - ((u >> (2 * k)) & 3))
+            s += diff * diff
+        d2[g] = s
+
+
 @njit(cache=True, error_model="numpy")
 def _build_neighbours(levels, nwant):
     """``(kmap, neighbours)`` of a grid of levels (see :func:`tables`)."""
@@ -85,12 +97,7 @@ def _build_neighbours(levels, nwant):
     for u in range(_MAP_SIZE):
         if kmap[u] >= 0 or any_level3(u):
             continue
-        for g in range(npoints):
-            s = 0
-            for k in range(8):
-                diff = 2 * (np.int64(levels[g, k]) - ((u >> (2 * k)) & 3))
-                s += diff * diff
-            d2[g] = s
+        _distances(levels, u, d2)
         last = -1
         for _ in range(nwant):  # the nwant smallest distinct distances
             nxt = -1
@@ -110,12 +117,7 @@ def _build_neighbours(levels, nwant):
     for u in range(_MAP_SIZE):
         if kmap[u] >= 0 or any_level3(u):
             continue
-        for g in range(npoints):
-            s = 0
-            for k in range(8):
-                diff = 2 * (np.int64(levels[g, k]) - ((u >> (2 * k)) & 3))
-                s += diff * diff
-            d2[g] = s
+        _distances(levels, u, d2)
         kmap[u] = -(off + 1)
         start = off
         off += 1
