@@ -264,7 +264,7 @@ def test_grid_quantizers_raise_where_ggml_aborts(name):
     im = np.ones(512, np.float32)
     Q.quantize(x, name, im)
     x[2, 300] = np.nan
-    with pytest.raises(Q.QuantError, match=f"{name}: .*aborts on super-block 1 of row 2"):
+    with pytest.raises(Q.QuantError, match=rf"{name}: .*aborts on row 2, values 256\.\.511"):
         Q.quantize(x, name, im)
 
 
@@ -411,7 +411,7 @@ def test_iq2_iq1_quantize_equals_ggml_fixture(name):
         if f[f"{name}/nan"].size:
             assert np.array_equal(quantize(f["x_nan"], im).reshape(-1), f[f"{name}/nan"])
         else:
-            with pytest.raises(Q.QuantError, match=f"{name}: ggml's quantizer aborts"):
+            with pytest.raises(Q.QuantError, match=rf"{name}: .*aborts on row 0, values 0\.\.255"):
                 quantize(f["x_nan"], im)
 
 

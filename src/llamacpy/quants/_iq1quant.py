@@ -13,7 +13,7 @@ times 1.1125), each sub-block storing a 3-bit multiple ``2 ls + 1`` of it.
 
 Where ggml's quantizer aborts (a NaN sub-block scale, an off-grid group no candidate fits,
 its full-grid fallback reading past the input: NaN or infinite input), :func:`quantize`
-raises :class:`QuantError` naming the super-block.
+raises :class:`QuantError` naming the row and values.
 """
 
 from __future__ import annotations

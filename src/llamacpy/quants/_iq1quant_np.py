@@ -290,5 +290,5 @@ def quantize_np(kind: int, x, imatrix, name: str, type_size: int) -> np.ndarray:
         qw = np.repeat(v, per, axis=0).reshape(-1)
     with np.errstate(all="ignore"):  # inf/NaN intermediates are part of ggml's arithmetic
         out, bad = _blocks_np(kind, rows.reshape(-1), *rows.shape, qw)
-    raise_aborted(bad, rows.shape[1] // QK, name)
+    raise_aborted(bad, rows.shape[1], name)
     return out.reshape(out_shape(np.shape(x), QK, type_size))

@@ -19,7 +19,7 @@ with a level 3 never reach a search and get no list).
 Where ggml's quantizer aborts the process (every neighbour of an off-grid group at a NaN or
 overflowing weighted distance, a group whose levels are no grid point when packed, a NaN
 sub-block scale: NaN or infinite input, or magnitudes whose squares overflow float32),
-:func:`quantize` raises :class:`QuantError` naming the super-block; ggml writes no defined
+:func:`quantize` raises :class:`QuantError` naming the row and values; ggml writes no defined
 bytes there. Where ggml gets through such input, the bytes are its bytes.
 """
 
@@ -535,13 +535,17 @@ def run(kernel, kind: int, grid_name: str, x, imatrix, out, name: str, type_size
     kernel(kind, rows, qw, max(rows_per_qw, 1), imatrix is not None, all_tables(grid_name), dst,
            bad)  # fmt: skip
     if bad.any():
-        b = int(np.argmax(bad))
-        nb = rows.shape[1] // QK
-        raise QuantError(
-            f"{name}: ggml's quantizer aborts on super-block {b % nb} of row {b // nb} "
-            "(NaN, infinite or overflowing values)"
-        )
+        raise aborts_error(name, int(np.argmax(bad)), rows.shape[1])
     return out if out is not None else dst.reshape(out_shape(np.shape(x), QK, type_size))
+
+
+def aborts_error(name: str, block: int, n_per_row: int) -> QuantError:
+    """The error for super-block ``block`` (counted over all rows) of an input."""
+    row, col = divmod(block * QK, n_per_row)
+    return QuantError(
+        f"{name}: llama.cpp's quantizer aborts on row {row}, values {col}..{col + QK - 1}: "
+        "NaN or infinite values, or magnitudes whose squares overflow float32"
+    )
 
 
 def quantize(kind: int, x, imatrix, out, name: str, type_size: int) -> np.ndarray:

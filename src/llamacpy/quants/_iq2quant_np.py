@@ -21,7 +21,7 @@ from llamacpy.quants._helpers import (
     nearest_int_np,
     out_shape,
 )
-from llamacpy.quants._iq2quant import NCODES, NO_LIST, tables
+from llamacpy.quants._iq2quant import NCODES, NO_LIST, aborts_error, tables
 from llamacpy.quants._iqgrid import QK
 from llamacpy.quants._search_np import make_qp_quants_np, seqsum
 
@@ -264,15 +264,11 @@ def quantize_np(kind: int, x, imatrix, name: str, type_size: int) -> np.ndarray:
         qw = np.repeat(v, per, axis=0).reshape(-1, QK)
     with np.errstate(all="ignore"):  # inf/NaN intermediates are part of ggml's arithmetic
         out, bad = _blocks_np(kind, rows.reshape(-1, QK), qw)
-    raise_aborted(bad, rows.shape[1] // QK, name)
+    raise_aborted(bad, rows.shape[1], name)
     return out.reshape(out_shape(np.shape(x), QK, type_size))
 
 
-def raise_aborted(bad: np.ndarray, nb: int, name: str) -> None:
+def raise_aborted(bad: np.ndarray, n_per_row: int, name: str) -> None:
     """:class:`QuantError` for the first super-block ggml aborts on, as the numba path."""
     if bad.any():
-        b = int(np.argmax(bad))
-        raise QuantError(
-            f"{name}: ggml's quantizer aborts on super-block {b % nb} of row {b // nb} "
-            "(NaN, infinite or overflowing values)"
-        )
+        raise aborts_error(name, int(np.argmax(bad)), n_per_row)
