@@ -147,10 +147,10 @@ def _fmt(xs: list[float]) -> str:
     return f"{statistics.mean(xs):8.1f} +- {sd:5.1f}"
 
 
-def speed_table(model: str, a, bin_dir: Path | None) -> None:
+def speed_table(model: str, a, bin_dir: Path | None) -> dict[str, dict[str, float]]:
     """Alternate the two sides ``a.r`` times (one repetition each, so both see the same
     load) and print their pp / tg tokens per second and the ratios (``bin_dir`` None: the
-    llama.cpp side is skipped)."""
+    llama.cpp side is skipped); returns the mean tokens per second per side and kind."""
     speed = {"llama.cpp": {"pp": [], "tg": []}, "llamacpy": {"pp": [], "tg": []}}
     one = argparse.Namespace(**{**vars(a), "r": 1})
     for _ in range(a.r):
@@ -167,6 +167,7 @@ def speed_table(model: str, a, bin_dir: Path | None) -> None:
         for k in ("pp", "tg"):
             r = statistics.mean(speed["llamacpy"][k]) / statistics.mean(speed["llama.cpp"][k])
             print(f"ratio {k}: {r:.2f}x llama.cpp")
+    return {n: {k: statistics.mean(v) for k, v in s.items() if v} for n, s in speed.items()}
 
 
 def main() -> None:

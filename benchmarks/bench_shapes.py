@@ -8,6 +8,9 @@ decode speed of the architectures no real model here covers.
 Models (random weights of ``--type``, Q8_0 by default, every matrix of that type; written
 once to ``--dir`` by ``models.tiny``):
 
+* ``llama-1b``: ``llama`` with Llama-3.2-1B's shape (2048 wide, 16 layers, 32 query and 8 KV
+  heads of 64, FFN 8192, vocabulary 128256): the ~1B model the weight formats are timed on
+  (``--type IQ2_XXS``, ``TQ1_0``, ...; ``--types`` runs several in one go);
 * ``qwen3-0.6b``: the dense ``qwen3`` with Qwen3-0.6B's shape (1024 wide, 28 layers, 16
   query and 8 KV heads of 128, FFN 3072, vocabulary 151936): a small dense model to time the
   weight formats on (``--type IQ2_XXS``, ``IQ3_S``, ...);
@@ -38,6 +41,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine import DEFAULT_BIN, speed_table
 
 SHAPES = {
+    "llama-1b": ("llama", dict(
+        n_embd=2048, n_layer=16, n_ff=8192, n_head=32, n_head_kv=8, head_dim=64,
+        n_vocab=128256, n_ctx=4096,
+    )),
     "qwen3-0.6b": ("qwen3", dict(
         n_embd=1024, n_layer=28, n_ff=3072, n_head=16, n_head_kv=8, head_dim=128,
         n_vocab=151936, n_ctx=4096,
@@ -76,6 +83,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", choices=sorted(SHAPES), default="qwen35-0.8b")
     ap.add_argument("--type", default="Q8_0", help="weight type of every matrix")
+    ap.add_argument("--types", nargs="*", help="several weight types, one after the other")
     ap.add_argument("-p", type=int, default=512)
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("-t", type=int, default=2)
@@ -84,13 +92,24 @@ def main() -> None:
     ap.add_argument("--dir", default=str(Path.home() / ".cache/llamacpy/bench"))
     a = ap.parse_args()
 
-    path = Path(a.dir) / f"{a.model}-{a.type.lower()}.gguf"
-    if not path.exists():
-        write(a.model, path, a.type)
     bin_dir = Path(a.llama_bin)
     have_llama = (bin_dir / "llama-bench").exists()
-    print(f"model {path}\nthreads {a.t}, load: {os.getloadavg()}")
-    speed_table(str(path), a, bin_dir if have_llama else None)
+    rows = []
+    for type_name in a.types or [a.type]:
+        path = Path(a.dir) / f"{a.model}-{type_name.lower()}.gguf"
+        if not path.exists():
+            write(a.model, path, type_name)
+        print(f"\nmodel {path}\nthreads {a.t}, load: {os.getloadavg()}", flush=True)
+        rows.append((type_name, speed_table(str(path), a, bin_dir if have_llama else None)))
+    if len(rows) > 1 and have_llama:
+        print(f"\n{'type':8s} {'pp' + str(a.p) + ' ours':>10s} {'llama.cpp':>10s} {'ratio':>6s}"
+              f" {'tg' + str(a.n) + ' ours':>10s} {'llama.cpp':>10s} {'ratio':>6s}")  # fmt: skip
+        for name, s in rows:
+            ours, ref = s["llamacpy"], s["llama.cpp"]
+            cells = [
+                f"{ours[k]:10.2f} {ref[k]:10.2f} {ours[k] / ref[k]:6.2f}" for k in ("pp", "tg")
+            ]
+            print(f"{name:8s} " + " ".join(cells))
 
 
 if __name__ == "__main__":

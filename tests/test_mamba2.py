@@ -233,3 +233,24 @@ BAD_KEYS = [
 def test_bad_hyper_parameters_are_refused_by_name(tmp_path, keys, why) -> None:
     with pytest.raises(ModelError, match=why):
         _ctx(_edited(tmp_path, keys=keys))
+
+
+def test_session_resumes_from_a_checkpoint(gguf) -> None:
+    """A state-space model's state cannot be rewound either: a prompt departing from the
+    cached one after its checkpoint decodes only from there, as a fresh session would."""
+    from llamacpy.api.generation import Session
+    from llamacpy.engine.scheduler import CHECKPOINT_BACK
+
+    name, path = gguf
+    if name != "Q8_0":
+        pytest.skip("one weight type is enough")
+    first = [(7 * i + 3) % 250 + 1 for i in range(30)]
+    second = [*first[:-2], 11, 12, 13]
+    s = Session(_ctx(path), tokenizer=None)
+    s.ingest(first)
+    n0 = s.n_decoded
+    s.ingest(second)
+    assert s.n_decoded - n0 == len(second) - (len(first) - CHECKPOINT_BACK)
+    fresh = Session(_ctx(path), tokenizer=None)
+    fresh.ingest(second)
+    np.testing.assert_array_equal(s.last_logits, fresh.last_logits)

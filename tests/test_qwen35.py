@@ -412,3 +412,31 @@ def test_lfm2moe_needs_the_sigmoid_router(tmp_path) -> None:
     w.write()
     with pytest.raises(ModelError, match=r"expert_gating_func is 1; only the sigmoid router"):
         Context(tmp_path / "edited.gguf", ContextParams(n_ctx=32))
+
+
+@pytest.mark.parametrize("writer", [write_tiny_lfm2, write_tiny_qwen35], ids=["lfm2", "qwen35"])
+def test_session_resumes_a_diverging_prompt_from_a_checkpoint(tmp_path, writer) -> None:
+    """The ``Llama`` API and the CLI chat keep checkpoints as the server does: a next prompt
+    that departs from the cached one after its checkpoint decodes only from there, with the
+    logits a fresh session gives; one departing before every checkpoint starts over."""
+    from llamacpy.api.generation import Session
+    from llamacpy.engine.scheduler import CHECKPOINT_BACK
+
+    path = tmp_path / "hybrid.gguf"
+    writer(path, GGMLType.Q8_0, seed=SEED)
+    first = [(7 * i + 3) % 250 + 1 for i in range(40)]
+    second = [*first[:-3], 11, 12, 13, 14, 15]
+    params = ContextParams(n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1)
+    s = Session(Context(path, params), tokenizer=None)
+    s.ingest(first)
+    assert [c[0] for c in s.checkpoints] == [len(first) - CHECKPOINT_BACK]
+    n0 = s.n_decoded
+    s.ingest(second)
+    assert s.n_decoded - n0 == len(second) - (len(first) - CHECKPOINT_BACK)
+    fresh = Session(Context(path, params), tokenizer=None)
+    fresh.ingest(second)
+    np.testing.assert_array_equal(s.last_logits, fresh.last_logits)
+    n1 = s.n_decoded
+    s.ingest([5, *second[1:]])  # no checkpoint fits: from the start
+    assert s.n_decoded - n1 == len(second)
+    assert [c[0] for c in s.checkpoints] == [len(second) - CHECKPOINT_BACK]

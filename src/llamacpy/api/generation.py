@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..engine import Batch
+from ..engine.scheduler import CHECKPOINT_BACK, MAX_CHECKPOINTS
 from ..errors import LlamacpyError, UsageError
 
 # (input_ids int32 [n], logits float32 [n_vocab]) -> new logits
@@ -258,6 +259,10 @@ class Session:
         self.n_scored = 0  # positions 0..n_scored-1 have kept logits
         self.n_decoded = 0  # tokens decoded since creation (tests and stats)
         self.timings = Timings()
+        # a memory whose state cannot be rewound (recurrent layers): copies of the state
+        # taken CHECKPOINT_BACK tokens before the end of each prompt, (positions, snapshot)
+        self.checkpoints: list[tuple[int, Any]] = []
+        self._snapshots = bool(getattr(ctx, "can_snapshot", False))
 
     @property
     def n_ctx(self) -> int:
@@ -270,15 +275,22 @@ class Session:
         self.tokens = []
         self.last_logits = None
         self.n_scored = 0
+        self.checkpoints = []
 
     def truncate(self, n: int) -> None:
-        """Keep only the first ``n`` cached tokens (none when the cache can no longer
-        continue from ``n``: a sliding-window cache past its window)."""
+        """Keep only the first ``n`` cached tokens (fewer when the cache can no longer
+        continue from ``n``: a sliding-window cache past its window keeps none, a recurrent
+        state goes back to its latest checkpoint at or before ``n``, else to none)."""
         if n < len(self.tokens):
-            n = self.ctx.n_keep(0, n)
-            self.ctx.seq_rm(0, n, -1)
+            want, n = n, self.ctx.n_keep(0, n)
+            fit = [c for c in self.checkpoints if c[0] <= want] if n < want else []
+            if fit:
+                n = int(self.ctx.seq_restore(0, max(fit, key=lambda c: c[0])[1]))
+            else:
+                self.ctx.seq_rm(0, n, -1)
             del self.tokens[n:]
             self.last_logits = None
+        self.checkpoints = [c for c in self.checkpoints if c[0] <= n]
         self.n_scored = min(self.n_scored, n)
 
     def scores(self, start: int = 0, stop: int | None = None) -> np.ndarray:
@@ -377,6 +389,11 @@ class Session:
             if n == len(prompt):
                 n -= 1  # decode the last prompt token again to get its logits
             self.truncate(n)  # may keep fewer (a sliding-window cache past its window)
+            at = len(prompt) - CHECKPOINT_BACK
+            if self._snapshots and at > len(self.tokens):  # as the server's slots do
+                self.decode(prompt[len(self.tokens) : at])
+                self.checkpoints.append((at, self.ctx.seq_snapshot(0)))
+                del self.checkpoints[:-MAX_CHECKPOINTS]
             self.decode(prompt[len(self.tokens) :])
         return np.array(self.scores(0, len(prompt))) if prompt_logits else None
 
@@ -392,6 +409,7 @@ class Session:
         self.ctx.seq_add(0, n_keep + n_discard, n_past, -n_discard)
         del self.tokens[n_keep : n_keep + n_discard]
         self.n_scored = min(self.n_scored, n_keep)
+        self.checkpoints = [c for c in self.checkpoints if c[0] <= n_keep]
         return n_discard
 
     # ------------------------------------------------------------------ generation

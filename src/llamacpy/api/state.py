@@ -56,6 +56,7 @@ def load_session(session: Session, state: LlamaState) -> None:
         raise UsageError(f"not a llamacpy state: {e}") from None
     session.ctx.kv.set_state(z)  # checks the layout first: a bad state leaves the cache as is
     session.last_logits, session.n_scored = None, 0
+    session.checkpoints = []  # states of the cache the loaded one replaced
     session.tokens = [int(t) for t in state.input_ids[: state.n_tokens]]
     last = z.get("last_logits", np.zeros(0, np.float32))
     session.last_logits = np.array(last) if last.size else None

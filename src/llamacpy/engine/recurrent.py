@@ -158,13 +158,15 @@ class RecurrentMemory(Memory):
             return None
         return last, self.conv[:, seq_id].copy(), self.ssm[:, seq_id].copy()
 
-    def restore(self, seq_id: int, snap: tuple[int, np.ndarray, np.ndarray]) -> None:
-        """Put a :meth:`snapshot` back: the sequence continues after its last position."""
+    def restore(self, seq_id: int, snap: tuple[int, np.ndarray, np.ndarray]) -> int:
+        """Put a :meth:`snapshot` back: the sequence continues after its last position;
+        returns the positions the sequence now holds."""
         self._check_seq(seq_id)
         last, conv, ssm = snap
         self.conv[:, seq_id] = conv
         self.ssm[:, seq_id] = ssm
         self.pos[seq_id] = last
+        return last + 1
 
     # ------------------------------------------------------------------ one ubatch
     def place(self, ub: UBatch) -> np.ndarray:
