@@ -166,3 +166,17 @@ def test_repacked_integer_form_and_rows(t: GGMLType) -> None:
     want = traits.get(t).quant.dequantize(raw, nrows * ncols).reshape(nrows, ncols)
     got = M.dequantize_repacked_numpy(packed, t, nrows, ncols)
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("t", GRID + IQ1 + TQ, ids=lambda t: t.name)
+def test_every_value_a_block_can_hold_has_a_code(t: GGMLType) -> None:
+    """The repacked form keeps 4-bit codes of a format's ``VALUES``: random blocks (every
+    grid index, sign pattern and TQ2_0's never-written q = 3) decode to those values only,
+    at most 16 of them."""
+    from llamacpy.ops.formats import iq_module
+
+    mod = iq_module(t)
+    raw = np.frombuffer(np.random.default_rng(5).bytes(mod.TYPE_SIZE * 4096), np.uint8)
+    _d, v, _sc = mod.decode_numpy(raw.copy().view(mod.BLOCK))
+    assert len(mod.VALUES) <= 16
+    assert set(np.unique(v).tolist()) == set(mod.VALUES)

@@ -17,9 +17,13 @@ Field kinds (per block of the group; offsets in bytes):
   byte each, ``[sub-block][row]``;
 * ``IQV``: a grid / ternary block (IQ1/IQ2/IQ3, TQ; ``elem`` = its type id) decoded to its
   integer form (:mod:`llamacpy.quants._iqcodes`): the f16 ``d`` ``[row][2]``, the integer
-  sub-block scale of every 16 weights ``[16][row]`` (u8) and the 256 values, int8 made
-  unsigned (+128, as ``XOR80``) for ``vpdpbusd``, as ``CHUNK4``: 4384 bytes per group
-  block, 8.56 bits per weight (the file's 1.56-3.44).
+  sub-block scale of every 16 weights ``[16][row]`` (u8), the 256 values as 4-bit codes
+  (every format has at most 16 values) and the 64-byte table of what they stand for (the
+  format's values made unsigned, +128 as ``XOR80``, for ``vpdpbusd``; the same 16 bytes in
+  each 128-bit lane, for ``vpshufb``). The codes lie as ``CHUNK4`` of values, vector ``c``
+  (values ``4c..4c+3`` of every row) in the low nibbles of vector ``c % 32``'s bytes when
+  ``c < 32``, in the high ones after: 2400 bytes per group block, 4.69 bits per weight (the
+  file's 1.56-3.44).
 
 A repacked group block has the original 16 blocks' size, except where 6-bit scales are
 unpacked (Q3_K/Q4_K/Q5_K +4 bytes per row per 256 weights, IQ4_XS +2) and the grid formats
@@ -51,6 +55,7 @@ from .traits import (
     IQV,
     IQV_BYTES,
     IQV_SC,
+    IQV_TAB,
     IQV_V,
     K4SC,
     Q3SC,
@@ -112,9 +117,14 @@ def _repack_iqv(raw, s, out, d, r, t):
     out[d + 2 * r + 1] = (dbits >> 8) & 0xFF
     for k in range(16):
         out[d + IQV_SC + 16 * k + r] = sc[k * nsub // 16]
-    for c in range(64):
+    code = _iqcodes.VALUE_CODE[t]
+    for c in range(32):
         for j in range(4):
-            out[d + IQV_V + (c * 16 + r) * 4 + j] = np.uint8((v[4 * c + j] + 128) & 0xFF)
+            lo = code[np.int64(v[4 * c + j]) + 128]
+            hi = code[np.int64(v[4 * (c + 32) + j]) + 128]
+            out[d + IQV_V + (c * 16 + r) * 4 + j] = lo | (hi << 4)
+    for i in range(64):
+        out[d + IQV_TAB + i] = _iqcodes.VALUE_U[t, i % 16]
 
 
 @njit(cache=True, inline="always")
@@ -409,7 +419,7 @@ def iq_module(t):
 
 
 def _iqv_np(f: np.ndarray, t: int) -> np.ndarray:
-    """Blocks ``[g, b, row, bytes]`` of grid format ``t`` -> IQV group blocks ``[g, b, 4448]``."""
+    """Blocks ``[g, b, row, bytes]`` of grid format ``t`` -> IQV group blocks ``[g, b, IQV_BYTES]``."""
     ng, nblk = f.shape[:2]
     mod = iq_module(t)
     blocks = np.ascontiguousarray(f).reshape(-1, f.shape[-1]).view(mod.BLOCK).reshape(-1)
@@ -421,9 +431,11 @@ def _iqv_np(f: np.ndarray, t: int) -> np.ndarray:
     out[..., :IQV_SC] = dbits.astype("<u2").view(np.uint8).reshape(ng, nblk, -1)
     sc16 = sc16.reshape(ng, nblk, GROUP, 16).swapaxes(-1, -2)
     out[..., IQV_SC:IQV_V] = sc16.astype(np.uint8).reshape(ng, nblk, -1)
-    u = (v.astype(np.int64) + 128).astype(np.uint8)
-    u = u.reshape(ng, nblk, GROUP, 64, 4).transpose(0, 1, 3, 2, 4)
-    out[..., IQV_V:] = u.reshape(ng, nblk, -1)
+    code = _iqcodes.VALUE_CODE[t][v.astype(np.int64) + 128]
+    code = code.reshape(ng, nblk, GROUP, 64, 4).transpose(0, 1, 3, 2, 4)  # [.., vector, row, 4]
+    packed = code[:, :, :32] | (code[:, :, 32:] << 4)
+    out[..., IQV_V:IQV_TAB] = packed.reshape(ng, nblk, -1)
+    out[..., IQV_TAB:] = np.tile(_iqcodes.VALUE_U[t], 4)
     return out
 
 
@@ -507,7 +519,10 @@ def unpack_fields(packed: np.ndarray, t: GGMLType | int, nrows: int, ncols: int)
             fields["d"] = np.ascontiguousarray(d16).view("<u2")[..., 0]
             sc = q[..., IQV_SC:IQV_V].reshape(ng, nblk, 16, GROUP).transpose(0, 1, 3, 2)
             fields["sc"] = rows(sc).astype(np.int64)
-            v = q[..., IQV_V:].reshape(ng, nblk, 64, GROUP, 4).transpose(0, 1, 3, 2, 4)
+            b = q[..., IQV_V:IQV_TAB]
+            code = np.concatenate([b & 15, b >> 4], axis=-1)  # vectors 0..31, then 32..63
+            u = np.take_along_axis(q[..., IQV_TAB : IQV_TAB + 16], code, axis=-1)
+            v = u.reshape(ng, nblk, 64, GROUP, 4).transpose(0, 1, 3, 2, 4)
             v = rows(np.ascontiguousarray(v).reshape(ng, nblk, GROUP, 256))
             fields["v"] = (np.ascontiguousarray(v) ^ np.uint8(0x80)).view(np.int8)
         else:  # Q3SC, IQ4XSSC: signed bytes [sub][row]

@@ -3,9 +3,10 @@ and the ternary ones (TQ1_0, TQ2_0) x q8_K.
 
 Weights are repacked to their integer form (the ``IQV`` field of :mod:`.formats`): per row
 and super-block of 256 the f16 ``d``, the integer scale of every 16 weights and the 256 signed
-values (grid magnitude with its sign, stored +128), so a kernel never looks a grid up. What
-the file stores in 1.56-3.44 bits per weight takes 8.56 here: the price of loads a vector
-kernel can use directly.
+values (grid magnitude with its sign) as 4-bit codes of the format's at most 16 values, so a
+kernel never looks a grid up: one ``vpshufb`` of 64 codes through the block's table gives
+64 values + 128 (:func:`_u`). What the file stores in 1.56-3.44 bits per weight takes 4.69
+here: the price of loads a vector kernel can use directly.
 
 llama.cpp multiplies these formats two ways on x86, and the kernels follow both:
 
@@ -41,6 +42,7 @@ from ..simd import (
     vload_f16,
     vload_i32,
     vload_u8,
+    vshuffle_bytes,
     vsll,
     vsplat_f32,
     vsplat_i32,
@@ -51,9 +53,19 @@ from .drive import drive, drive_lanes
 from .formats import iq_module
 from .qdot_k import TILED_MIN_TOKENS, _xk
 from .qdot_legacy import _hsum8, chunk_byte, f16_at, f16_np, zero, zero18
-from .traits import ACT_Q8K, IQV, IQV_SC, IQV_V, FormatTraits, Layout, register
+from .traits import ACT_Q8K, IQV, IQV_SC, IQV_TAB, IQV_V, FormatTraits, Layout, register
 
 _ONES = 0x01010101
+
+
+@njit(cache=True, inline="always")
+def _u(w, o, c):
+    """Values ``4c..4c+3`` (+128, u8) of 16 rows: vector ``c`` (0..63) of 4-bit codes (the
+    low nibbles of vector ``c % 32``, the high ones from 32) through the block's table."""
+    x = vload_i32(w, o + IQV_V + 64 * (c % 32))
+    if c >= 32:
+        x = vsrl(x, 4)
+    return vshuffle_bytes(vload_i32(w, o + IQV_TAB), vand_k(x, 0x0F0F0F0F))
 
 
 @njit(cache=True, inline="always")
@@ -75,7 +87,7 @@ def _vlane(w, o, xq, xi, j):
     for s in range(8):
         x = vbcast4(xq, xi + 32 * s + 4 * j)
         p0 = z - vsll(vdpbusd(z, vsplat_i32(_ONES), x), 7)
-        p = vdpbusd(p0, vload_i32(w, o + IQV_V + 64 * (8 * s + j)), x)
+        p = vdpbusd(p0, _u(w, o, 8 * s + j), x)
         tot = tot + _sc(w, o, 2 * s + j // 4) * p
     return tot
 
@@ -146,7 +158,7 @@ def _v1lane(w, o, xq, xi, j):
     tg = z
     td = z
     for s in range(8):
-        u = vload_i32(w, o + IQV_V + 64 * (8 * s + j))
+        u = _u(w, o, 8 * s + j)
         x = vbcast4(xq, xi + 32 * s + 4 * j)
         pu = vdpbusd(z, u, x)
         pg = vdpbusd(z, _gp(u), x)
@@ -265,7 +277,7 @@ def _tq_lane(w, o, A, t, b, xi, j):
     xq = A[4]
     p = vzero_i32()
     for c in range(8):
-        q = vload_i32(w, o + IQV_V + 64 * (8 * c + j)) - vsplat_i32(_M127)
+        q = _u(w, o, 8 * c + j) - vsplat_i32(_M127)
         p = vdpbusd(p, q, vbcast4(xq, xi + 32 * c + 4 * j))
     return p - vsplat_i32(A[6][t, b * 16 + 2 * j] + A[6][t, b * 16 + 2 * j + 1])
 
@@ -313,7 +325,7 @@ def _tsum1(w, o, A, t, b):
     for k in range(16):
         p = _start(A, t, b, k)
         for c in range(4):
-            u = vload_i32(w, o + IQV_V + 64 * (4 * k + c))
+            u = _u(w, o, 4 * k + c)
             p = vdpbusd(p, u, vbcast4(xq, xi + 16 * k + 4 * c))
         tot = tot + _sc(w, o, k) * p
     return tot
@@ -332,7 +344,7 @@ def _tsum4(w, o, A, t, b):
         p2 = _start(A, t + 2, b, k)
         p3 = _start(A, t + 3, b, k)
         for c in range(4):
-            u = vload_i32(w, o + IQV_V + 64 * (4 * k + c))
+            u = _u(w, o, 4 * k + c)
             e = x0 + 16 * k + 4 * c
             p0 = vdpbusd(p0, u, vbcast4(xq, e))
             p1 = vdpbusd(p1, u, vbcast4(xq, e + n))
@@ -508,8 +520,10 @@ def _row(t, w, o, r, out, y0):
     for k in range(16):
         m = _iqcodes.mult(t, d, np.int64(w[o + IQV_SC + 16 * k + r]))
         for i in range(16):
-            v = np.int8((chunk_byte(w, o + IQV_V, r, 16 * k + i) - 128) & 0xFF)
-            out[y0 + 16 * k + i] = m * (np.float32(v) * c)
+            e = 16 * k + i
+            b = chunk_byte(w, o + IQV_V, r, e % 128)
+            u = w[o + IQV_TAB + ((b >> 4) if e >= 128 else (b & 15))]
+            out[y0 + e] = m * (np.float32(np.int64(u) - 128) * c)
 
 
 _T_IQ2_XXS, _T_IQ2_XS, _T_IQ2_S = int(GGMLType.IQ2_XXS), int(GGMLType.IQ2_XS), int(GGMLType.IQ2_S)

@@ -43,9 +43,11 @@ from ..gguf.constants import GGML_BLOCK_SIZES, GGMLType
 ROWS, CHUNK4, XOR80, T, Q5HB, K4SC, Q3SC, IQ4XSSC, IQV = range(9)
 GROUP = 16  # rows per row group (vector lanes)
 # an IQV field (grid / ternary formats decoded to their integer form, see .formats): f16 d per
-# row, 16 scale bytes per row (one per 16 weights), 256 values + 128 (u8) per row
+# row, 16 scale bytes per row (one per 16 weights), 256 4-bit value codes per row, and the
+# table of the 16 values + 128 (u8) the codes stand for, four times (one per 128-bit lane)
 IQV_D, IQV_SC, IQV_V = 0, GROUP * 2, GROUP * 18
-IQV_BYTES = IQV_V + GROUP * 256
+IQV_TAB = IQV_V + GROUP * 128
+IQV_BYTES = IQV_TAB + 64
 
 # which activation a format's kernel consumes
 ACT_Q8 = 0  # int8, one f32 scale per 32 (ggml's q8_0 / q8_1)

@@ -24,6 +24,15 @@ C = np.zeros(_N, np.float32)
 TYPE_SIZE = np.zeros(_N, np.int64)
 for _m in MODULES:
     NSUB[int(_m.TYPE)], C[int(_m.TYPE)], TYPE_SIZE[int(_m.TYPE)] = _m.NSUB, _m.C, _m.TYPE_SIZE
+# per type id: its values (at most 16) as 4-bit codes -- VALUE_U[t, i]: value i + 128 (u8;
+# unused codes 128), VALUE_CODE[t, v + 128]: the code of value v (255: not a value of t)
+VALUE_U = np.full((_N, 16), 128, np.uint8)
+VALUE_CODE = np.full((_N, 256), 255, np.uint8)
+for _m in MODULES:
+    assert len(_m.VALUES) <= 16, _m
+    for _i, _v in enumerate(_m.VALUES):
+        VALUE_U[int(_m.TYPE), _i] = _v + 128
+        VALUE_CODE[int(_m.TYPE), _v + 128] = _i
 
 
 @njit(cache=True, inline="always")

@@ -24,6 +24,7 @@ BLOCK = np.dtype([("qs", "u1", (QK // 8,)), ("qh", "u1", (QK // 16,)), ("sc", "<
 TYPE_SIZE = BLOCK.itemsize
 NSUB = 16
 C = 0.125
+VALUES = (-9, -7, -1, 1, 7, 9)  # every value ``decode`` gives
 _QH, _SC = 32, 48
 
 

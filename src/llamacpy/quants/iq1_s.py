@@ -23,6 +23,7 @@ BLOCK = np.dtype([("d", "<f2"), ("qs", "u1", (QK // 8,)), ("qh", "<u2", (QK // 3
 TYPE_SIZE = BLOCK.itemsize
 NSUB = 8
 C = 0.125  # IQ1S_DELTA: values are 8 * (grid + delta)
+VALUES = (-9, -7, -1, 1, 7, 9)  # 8 * grid (-1, 0, 1) + delta (+-1)
 GRID = grid("iq1s_grid", 11).view(np.int8)
 
 

@@ -30,6 +30,7 @@ BLOCK = np.dtype(
 TYPE_SIZE = BLOCK.itemsize
 NSUB = 16
 C = 1.0
+VALUES = (-43, -25, -8, 8, 25, 43)  # every value ``decode`` gives
 GRID = G.grid("iq2s_grid", 10)
 _QS, _SIGNS, _QH, _SC = 2, 34, 66, 74
 

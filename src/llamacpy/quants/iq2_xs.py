@@ -22,6 +22,7 @@ BLOCK = np.dtype([("d", "<f2"), ("qs", "<u2", (G.QK // 8,)), ("scales", "u1", (G
 TYPE_SIZE = BLOCK.itemsize
 NSUB = 16  # one scale per 16
 C = 1.0
+VALUES = (-43, -25, -8, 8, 25, 43)  # every value ``decode`` gives
 GRID = G.grid("iq2xs_grid", 9)
 
 

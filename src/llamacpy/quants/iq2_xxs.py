@@ -23,6 +23,7 @@ BLOCK = np.dtype([("d", "<f2"), ("qs", "<u4", (G.QK // 16,))])
 assert BLOCK.itemsize == TYPE_SIZE
 NSUB = 8  # one scale per 32
 C = 1.0
+VALUES = (-43, -25, -8, 8, 25, 43)  # the grid's 8, 25, 43 with a sign
 GRID = G.grid("iq2xxs_grid", 8)
 _QUARTER = F32(0.25)
 

@@ -30,6 +30,7 @@ BLOCK = np.dtype(
 TYPE_SIZE = BLOCK.itemsize
 NSUB = 8
 C = 1.0
+VALUES = tuple(range(-15, 16, 2))  # the grid's odd 1..15 with a sign
 GRID = G.grid("iq3s_grid", 9)
 _QS, _QH, _SIGNS, _SC = 2, 66, 74, 106
 

@@ -22,6 +22,8 @@ BLOCK = np.dtype([("d", "<f2"), ("qs", "u1", (G.QK // 4,)), ("ss", "<u4", (G.QK 
 TYPE_SIZE = BLOCK.itemsize
 NSUB = 8
 C = 1.0
+# every value ``decode`` gives: the grid's 4, 12, .., 52, 62 with a sign
+VALUES = tuple(s * m for s in (-1, 1) for m in (4, 12, 20, 28, 36, 44, 52, 62))
 GRID = G.grid("iq3xxs_grid", 8)
 _HALF = F32(0.5)
 

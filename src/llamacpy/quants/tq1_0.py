@@ -23,6 +23,7 @@ BLOCK = np.dtype([("qs", "u1", (48,)), ("qh", "u1", (4,)), ("d", "<f2")])
 TYPE_SIZE = BLOCK.itemsize
 NSUB = 1
 C = 1.0
+VALUES = (-1, 0, 1)  # every value ``decode`` gives
 POW3 = np.array([1, 3, 9, 27, 81, 243], dtype=np.int64)
 # (first byte, bytes, digits, first element) of the three runs of a block
 _RUNS = ((0, 32, 5, 0), (32, 16, 5, 160), (48, 4, 4, 240))

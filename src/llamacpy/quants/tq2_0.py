@@ -31,6 +31,7 @@ BLOCK = np.dtype([("qs", "u1", (QK // 4,)), ("d", "<f2")])
 TYPE_SIZE = BLOCK.itemsize
 NSUB = 1
 C = 1.0
+VALUES = (-1, 0, 1, 2)  # q - 1 for every 2-bit q (3 is never written, but may be read)
 
 
 @njit(cache=True, inline="always")
