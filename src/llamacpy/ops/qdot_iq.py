@@ -59,13 +59,13 @@ _ONES = 0x01010101
 
 
 @njit(cache=True, inline="always")
-def _u(w, o, c):
-    """Values ``4c..4c+3`` (+128, u8) of 16 rows: vector ``c`` (0..63) of 4-bit codes (the
-    low nibbles of vector ``c % 32``, the high ones from 32) through the block's table."""
-    x = vload_i32(w, o + IQV_V + 64 * (c % 32))
-    if c >= 32:
-        x = vsrl(x, 4)
-    return vshuffle_bytes(vload_i32(w, o + IQV_TAB), vand_k(x, 0x0F0F0F0F))
+def _u2(w, o, c):
+    """Values ``4c..4c+3`` and ``4(c+32)..4(c+32)+3`` (+128, u8) of 16 rows (``c`` < 32):
+    the low and the high nibbles of code vector ``c`` through the block's table."""
+    tab = vload_i32(w, o + IQV_TAB)
+    x = vload_i32(w, o + IQV_V + 64 * c)
+    lo = vshuffle_bytes(tab, vand_k(x, 0x0F0F0F0F))
+    return lo, vshuffle_bytes(tab, vand_k(vsrl(x, 4), 0x0F0F0F0F))
 
 
 @njit(cache=True, inline="always")
@@ -82,14 +82,20 @@ def _vlane(w, o, xq, xi, j):
     ggml multiplies ``|v|`` by the activation byte with ``v``'s sign; as q8_K bytes lie in
     -127..127 that is ``v x`` exactly, taken here as ``(v + 128) . x`` started at
     ``-128 * (x_0 + .. + x_3)``."""
-    z = vzero_i32()
-    tot = z
-    for s in range(8):
-        x = vbcast4(xq, xi + 32 * s + 4 * j)
-        p0 = z - vsll(vdpbusd(z, vsplat_i32(_ONES), x), 7)
-        p = vdpbusd(p0, _u(w, o, 8 * s + j), x)
-        tot = tot + _sc(w, o, 2 * s + j // 4) * p
+    tot = vzero_i32()
+    for s in range(4):  # (the sums are exact: their order does not matter)
+        lo, hi = _u2(w, o, 8 * s + j)
+        tot = tot + _vpart(w, o, xq, xi, j, s, lo) + _vpart(w, o, xq, xi, j, s + 4, hi)
     return tot
+
+
+@njit(cache=True, inline="always")
+def _vpart(w, o, xq, xi, j, s, u):
+    """Lane ``j``'s scaled products in the ``s``-th 32 of a super-block (values ``u``)."""
+    z = vzero_i32()
+    x = vbcast4(xq, xi + 32 * s + 4 * j)
+    p0 = z - vsll(vdpbusd(z, vsplat_i32(_ONES), x), 7)
+    return _sc(w, o, 2 * s + j // 4) * vdpbusd(p0, u, x)
 
 
 @njit(cache=True, inline="always")
@@ -154,19 +160,25 @@ def _gp(u):
 def _v1lane(w, o, xq, xi, j):
     """IQ1 lane ``j``: the scaled sums of ``g x`` and of ``delta x`` over elements
     4j..4j+3 of every 32 (exact: ``sum v x = pu - 128 sx``, ``sum g x = pg - sx``)."""
-    z = vzero_i32()
-    tg = z
-    td = z
-    for s in range(8):
-        u = _u(w, o, 8 * s + j)
-        x = vbcast4(xq, xi + 32 * s + 4 * j)
-        pu = vdpbusd(z, u, x)
-        pg = vdpbusd(z, _gp(u), x)
-        sx = vdpbusd(z, vsplat_i32(_ONES), x)
-        sc = _sc(w, o, 2 * s + j // 4)
-        tg = tg + sc * (pg - sx)
-        td = td + sc * (pu - vsll(pg, 3) - sx * vsplat_i32(120))
+    tg = td = vzero_i32()
+    for s in range(4):  # (exact sums, in any order)
+        lo, hi = _u2(w, o, 8 * s + j)
+        g0, d0 = _v1part(w, o, xq, xi, j, s, lo)
+        g1, d1 = _v1part(w, o, xq, xi, j, s + 4, hi)
+        tg, td = tg + g0 + g1, td + d0 + d1
     return tg, td
+
+
+@njit(cache=True, inline="always")
+def _v1part(w, o, xq, xi, j, s, u):
+    """:func:`_v1lane`'s two sums in the ``s``-th 32 of a super-block (values ``u``)."""
+    z = vzero_i32()
+    x = vbcast4(xq, xi + 32 * s + 4 * j)
+    pu = vdpbusd(z, u, x)
+    pg = vdpbusd(z, _gp(u), x)
+    sx = vdpbusd(z, vsplat_i32(_ONES), x)
+    sc = _sc(w, o, 2 * s + j // 4)
+    return sc * (pg - sx), sc * (pu - vsll(pg, 3) - sx * vsplat_i32(120))
 
 
 @njit(cache=True, inline="always")
@@ -276,9 +288,10 @@ _M127 = 0x7F7F7F7F  # stored u = q - 1 + 128: u - 127 = q
 def _tq_lane(w, o, A, t, b, xi, j):
     xq = A[4]
     p = vzero_i32()
-    for c in range(8):
-        q = _u(w, o, 8 * c + j) - vsplat_i32(_M127)
-        p = vdpbusd(p, q, vbcast4(xq, xi + 32 * c + 4 * j))
+    for c in range(4):  # (exact sums, in any order)
+        lo, hi = _u2(w, o, 8 * c + j)
+        p = vdpbusd(p, lo - vsplat_i32(_M127), vbcast4(xq, xi + 32 * c + 4 * j))
+        p = vdpbusd(p, hi - vsplat_i32(_M127), vbcast4(xq, xi + 32 * (c + 4) + 4 * j))
     return p - vsplat_i32(A[6][t, b * 16 + 2 * j] + A[6][t, b * 16 + 2 * j + 1])
 
 
@@ -322,13 +335,33 @@ def _tsum1(w, o, A, t, b):
     xq = A[4]
     xi = _xk(A, t, b)
     tot = vzero_i32()
-    for k in range(16):
+    for k in range(8):  # sub-blocks k and k + 8 share their code vectors (exact sums)
         p = _start(A, t, b, k)
+        q = _start(A, t, b, k + 8)
         for c in range(4):
-            u = _u(w, o, 4 * k + c)
-            p = vdpbusd(p, u, vbcast4(xq, xi + 16 * k + 4 * c))
-        tot = tot + _sc(w, o, k) * p
+            lo, hi = _u2(w, o, 4 * k + c)
+            p = vdpbusd(p, lo, vbcast4(xq, xi + 16 * k + 4 * c))
+            q = vdpbusd(q, hi, vbcast4(xq, xi + 16 * (k + 8) + 4 * c))
+        tot = tot + _sc(w, o, k) * p + _sc(w, o, k + 8) * q
     return tot
+
+
+@njit(cache=True, inline="always")
+def _dp4(p, u, xq, e, n):
+    """``p[i] += u . x`` for the four tokens' activations at ``e + i n``."""
+    p0, p1, p2, p3 = p
+    return (
+        vdpbusd(p0, u, vbcast4(xq, e)),
+        vdpbusd(p1, u, vbcast4(xq, e + n)),
+        vdpbusd(p2, u, vbcast4(xq, e + 2 * n)),
+        vdpbusd(p3, u, vbcast4(xq, e + 3 * n)),
+    )
+
+
+@njit(cache=True, inline="always")
+def _start4(A, t, b, k):
+    return (_start(A, t, b, k), _start(A, t + 1, b, k), _start(A, t + 2, b, k),
+            _start(A, t + 3, b, k))  # fmt: skip
 
 
 @njit(cache=True, inline="always")
@@ -338,20 +371,16 @@ def _tsum4(w, o, A, t, b):
     x0 = _xk(A, t, b)
     n = xq.shape[1]
     t0 = t1 = t2 = t3 = vzero_i32()
-    for k in range(16):
-        p0 = _start(A, t, b, k)
-        p1 = _start(A, t + 1, b, k)
-        p2 = _start(A, t + 2, b, k)
-        p3 = _start(A, t + 3, b, k)
+    for k in range(8):  # sub-blocks k and k + 8 share their code vectors (exact sums)
+        p = _start4(A, t, b, k)
+        q = _start4(A, t, b, k + 8)
         for c in range(4):
-            u = _u(w, o, 4 * k + c)
-            e = x0 + 16 * k + 4 * c
-            p0 = vdpbusd(p0, u, vbcast4(xq, e))
-            p1 = vdpbusd(p1, u, vbcast4(xq, e + n))
-            p2 = vdpbusd(p2, u, vbcast4(xq, e + 2 * n))
-            p3 = vdpbusd(p3, u, vbcast4(xq, e + 3 * n))
-        s = _sc(w, o, k)
-        t0, t1, t2, t3 = t0 + s * p0, t1 + s * p1, t2 + s * p2, t3 + s * p3
+            lo, hi = _u2(w, o, 4 * k + c)
+            p = _dp4(p, lo, xq, x0 + 16 * k + 4 * c, n)
+            q = _dp4(q, hi, xq, x0 + 16 * (k + 8) + 4 * c, n)
+        s, r = _sc(w, o, k), _sc(w, o, k + 8)
+        t0, t1 = t0 + s * p[0] + r * q[0], t1 + s * p[1] + r * q[1]
+        t2, t3 = t2 + s * p[2] + r * q[2], t3 + s * p[3] + r * q[3]
     return t0, t1, t2, t3
 
 
