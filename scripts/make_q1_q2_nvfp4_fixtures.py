@@ -9,7 +9,11 @@ UE4M3's subnormal, normal and saturating scales; all-equal blocks; random bit pa
 values), ``im`` (per column), per type ``<T>`` and ``<T>/im`` (ggml's bytes of ``x`` without
 and with ``im``: ggml ignores it for these types), ``<T>/raw`` (64 blocks of random bytes,
 f16 scales with inf, NaN, -0 and denormals; NVFP4 with every scale byte 0..255) and
-``<T>/deq`` (ggml's ``dequantize_row_*`` of them).
+``<T>/deq`` (ggml's ``dequantize_row_*`` of them); for the engine's kernels, ``act``
+(3 tokens of 512 activations) and per type ``<T>/w`` (a random 24 x 512 weight of
+``llamacpy.models.tiny.random_tensor``, seed 5) and ``<T>/dot`` (``[token, row]``: the x86
+``ggml_vec_dot_<t>_q8_0`` of libggml-cpu, what llama.cpp's matmul runs for these types, of
+each row with each token quantized by its ``quantize_row_q8_0``).
 
     python scripts/make_q1_q2_nvfp4_fixtures.py [--lib PATH/libggml-base.so]
 """
@@ -26,6 +30,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _ggml_quantize import DEFAULT_LIB, load, quantize_forked
 from llamacpy.gguf import GGML_BLOCK_SIZES, GGMLType
+from llamacpy.models.tiny import random_tensor
 
 OUT = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "quants" / "q1_q2_nvfp4.npz"
 TYPES = ["Q1_0", "Q2_0", "NVFP4"]
@@ -77,14 +82,37 @@ def dequantize_ggml(lib, name: str, raw: np.ndarray) -> np.ndarray:
     return y
 
 
+def vec_dots(cpu, name: str, w: np.ndarray, act: np.ndarray, nrows: int) -> np.ndarray:
+    """ggml's CPU ``vec_dot`` of every weight row with every token (float32 [tokens, rows])."""
+    p, sz = ctypes.c_void_p, ctypes.c_size_t
+    ncols = act.shape[1]
+    qrow = cpu.quantize_row_q8_0
+    qrow.argtypes = [p, p, ctypes.c_int64]
+    dot = getattr(cpu, f"ggml_vec_dot_{name.lower()}_q8_0")
+    dot.argtypes = [ctypes.c_int, p, sz, p, sz, p, sz, ctypes.c_int]
+    row_bytes = w.size // nrows
+    out = np.zeros((act.shape[0], nrows), np.float32)
+    for t in range(act.shape[0]):
+        xq = np.zeros(ncols // 32 * 34, np.uint8)
+        qrow(act[t].ctypes.data, xq.ctypes.data, ncols)
+        for r in range(nrows):
+            s = np.zeros(1, np.float32)
+            dot(ncols, s.ctypes.data, 0, w[r * row_bytes :].ctypes.data, 0, xq.ctypes.data, 0, 1)
+            out[t, r] = s[0]
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--lib", default=DEFAULT_LIB)
     args = ap.parse_args()
     lib = load(args.lib)
+    cpu = ctypes.CDLL(str(Path(args.lib).with_name("libggml-cpu.so")))
+    cpu.ggml_cpu_init()  # fills the f16 and UE4M3 tables vec_dot reads
     rng = np.random.default_rng(41)
     x, im = inputs(rng)
-    out = {"x": x, "im": im}
+    act = np.random.default_rng(6).standard_normal((3, 512)).astype(np.float32)
+    out = {"x": x, "im": im, "act": act}
     for name in TYPES:
         for key, w in ((name, None), (f"{name}/im", im)):
             q = quantize_forked(lib, name, x, w)
@@ -93,6 +121,8 @@ def main() -> None:
             out[key] = q
         out[f"{name}/raw"] = raw = raw_blocks(rng, name)
         out[f"{name}/deq"] = dequantize_ggml(lib, name, raw)
+        out[f"{name}/w"] = w = random_tensor(np.random.default_rng(5), GGMLType[name], 24, 512)
+        out[f"{name}/dot"] = vec_dots(cpu, name, w, out["act"], 24)
         print(name, out[name].size, "bytes;", out[f"{name}/deq"].size, "floats")
     np.savez_compressed(OUT, **out)
     print(f"wrote {OUT} ({OUT.stat().st_size} bytes)")
