@@ -30,7 +30,18 @@ from llamacpy.quants._helpers import (
 from llamacpy.quants._lanes import vblend, vlt
 from llamacpy.quants._registry import QuantFormat, register
 from llamacpy.quants.mxfp4 import KVALUES_F32, best_indices
-from llamacpy.simd import vabs, vhmax, vlane, vload_f32, vsplat_f32
+from llamacpy.simd import (
+    vabs,
+    vhmax,
+    vlane,
+    vload_f32,
+    vload_i32,
+    vload_u8,
+    vperm_f32,
+    vsplat_f32,
+    vsrl,
+    vstore_f32,
+)
 
 TYPE = GGMLType.NVFP4
 QK, TYPE_SIZE = GGML_BLOCK_SIZES[TYPE]
@@ -59,16 +70,26 @@ _512 = F32(512.0)
 _HALF = F32(0.5)
 
 
+# lane shuffles of the dequantizer: the other half of a vector, and the first half's lanes
+_SWAP = np.array([*range(8, 16), *range(8)], np.int32)
+_FIRST = np.array([1] * 8 + [0] * 8, np.int32)
+
+
 @njit(cache=True, parallel=True, error_model="numpy")
 def _dequantize_kernel(raw, y):
+    """Two sub-blocks (one 16-byte load) per step: the codes' table values, low and high
+    nibbles, rearranged into each sub-block's 16 elements."""
+    table = vload_f32(KVALUES_F32, 0)
+    swap, first = vload_i32(_SWAP, 0), vload_i32(_FIRST, 0)
     for i in prange(y.size // QK):
         o = i * TYPE_SIZE
-        for s in range(NSUB):
-            d = UE4M3_HALF[raw[o + s]]
-            for j in range(QK_SUB // 2):
-                q = raw[o + NSUB + 8 * s + j]
-                y[i * QK + 16 * s + j] = KVALUES_F32[q & 0xF] * d
-                y[i * QK + 16 * s + 8 + j] = KVALUES_F32[q >> 4] * d
+        for p in range(NSUB // 2):
+            q = vload_u8(raw, o + NSUB + 16 * p)
+            lo, hi = vperm_f32(table, q), vperm_f32(table, vsrl(q, 4))
+            a = vblend(first, lo, vperm_f32(hi, swap)) * vsplat_f32(UE4M3_HALF[raw[o + 2 * p]])
+            b = vblend(first, vperm_f32(lo, swap), hi) * vsplat_f32(UE4M3_HALF[raw[o + 2 * p + 1]])
+            vstore_f32(y, i * QK + 32 * p, a)
+            vstore_f32(y, i * QK + 32 * p + 16, b)
 
 
 def dequantize(raw, n: int, out: np.ndarray | None = None) -> np.ndarray:
