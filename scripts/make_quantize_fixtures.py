@@ -98,6 +98,8 @@ OPTION_CASES: dict[str, tuple[list[str], str]] = {
     "imatrix-Q4_K_M": (["--imatrix", IMATRIX_GGUF], "Q4_K_M"),
     "imatrix-Q4_0": (["--imatrix", IMATRIX_GGUF], "Q4_0"),
     "imatrix-dat-IQ4_NL": (["--imatrix", IMATRIX_DAT], "IQ4_NL"),
+    # NVFP4 has no preset: the attention and FFN matrices through --tensor-type
+    "tensor-type-NVFP4": (["--tensor-type", "attn=nvfp4", "--tensor-type", "ffn=nvfp4"], "Q8_0"),
 }
 # cases whose data the tests recompute: per-tensor hashes (and K-quant block hashes)
 DATA_CASES = {
@@ -111,6 +113,7 @@ DATA_CASES = {
         "TQ1_0",
         "TQ2_0",
         "Q2_0",
+        "tensor-type-NVFP4",
     },
     "gemma3-270m": {"Q1_0"},
 }

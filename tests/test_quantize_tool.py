@@ -187,6 +187,7 @@ DATA_CASES = [
         "TQ1_0",
         "TQ2_0",
         "Q2_0",
+        "tensor-type-NVFP4",
     )
 ]
 DATA_CASES.append(("gemma3-270m", "Q1_0"))
