@@ -65,6 +65,9 @@ FORMATS = [
     "IQ2_S",
     "IQ1_S",
     "IQ1_M",
+    "NVFP4",
+    "Q1_0",
+    "Q2_0",
 ]
 # formats ggml quantizes only with an importance matrix: timed with one (on both sides)
 NEEDS_IMATRIX = {"IQ2_XXS", "IQ2_XS", "IQ1_S"}

@@ -21,8 +21,9 @@ import llamacpy.quants as Q
 
 TYPES = ["F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1", "Q2_K", "Q3_K",
          "Q4_K", "Q5_K", "Q6_K", "Q8_K", "IQ4_NL", "IQ4_XS", "MXFP4"]  # fmt: skip
-TYPES += ["TQ1_0", "TQ2_0", "IQ3_XXS", "IQ3_S"]
+TYPES += ["TQ1_0", "TQ2_0", "IQ3_XXS", "IQ3_S", "NVFP4", "Q1_0", "Q2_0"]
 NO_IMATRIX = {"F16", "BF16", "Q8_0", "Q8_1", "Q8_K", "MXFP4", "TQ1_0", "TQ2_0"}
+NO_IMATRIX |= {"NVFP4", "Q1_0", "Q2_0"}
 
 
 def best_time(fn, repeat: int) -> float:

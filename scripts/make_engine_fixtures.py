@@ -80,6 +80,9 @@ UB1_TYPES = (
     GGMLType.IQ1_M,
     GGMLType.TQ1_0,
     GGMLType.TQ2_0,
+    GGMLType.NVFP4,  # (vec_dot at every token count, as TQ: checked at ubatch 1 too)
+    GGMLType.Q1_0,
+    GGMLType.Q2_0,
 )
 
 

@@ -61,7 +61,11 @@ PRESETS = [
     "COPY",
     "TQ1_0",
     "TQ2_0",
+    "Q2_0",
 ]
+# presets llama-quantize runs on one model only: Q1_0 has no fallback type, and SmolLM2's
+# rows of 576 are not a multiple of its 128 (both tools refuse it, tests/test_quantize_tool)
+MODEL_PRESETS = {"smollm2-135m": [], "gemma3-270m": ["Q1_0"]}
 IMATRIX_GGUF = "synthetic.imatrix.gguf"
 IMATRIX_DAT = "synthetic.imatrix.dat"
 IMATRIX_LAYERS = 3  # entries for blocks 0..2 only (the rest quantize without one)
@@ -94,6 +98,8 @@ OPTION_CASES: dict[str, tuple[list[str], str]] = {
     "imatrix-Q4_K_M": (["--imatrix", IMATRIX_GGUF], "Q4_K_M"),
     "imatrix-Q4_0": (["--imatrix", IMATRIX_GGUF], "Q4_0"),
     "imatrix-dat-IQ4_NL": (["--imatrix", IMATRIX_DAT], "IQ4_NL"),
+    # NVFP4 has no preset: the attention and FFN matrices through --tensor-type
+    "tensor-type-NVFP4": (["--tensor-type", "attn=nvfp4", "--tensor-type", "ffn=nvfp4"], "Q8_0"),
 }
 # cases whose data the tests recompute: per-tensor hashes (and K-quant block hashes)
 DATA_CASES = {
@@ -106,8 +112,10 @@ DATA_CASES = {
         "F16",
         "TQ1_0",
         "TQ2_0",
+        "Q2_0",
+        "tensor-type-NVFP4",
     },
-    "gemma3-270m": set(),
+    "gemma3-270m": {"Q1_0"},
 }
 BLOCK_CASES = {"Q4_K_M"}  # cases whose K-quant tensors get per-block hashes
 K_QUANTS = {GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K}
@@ -234,7 +242,7 @@ def main() -> None:
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     for name in args.only or MODELS:
         model = resolve_model(name)
-        cases = {p: ([], p) for p in PRESETS} | OPTION_CASES
+        cases = {p: ([], p) for p in PRESETS + MODEL_PRESETS[name]} | OPTION_CASES
         result: dict = {"model": name, "input_sha256": sha256_file(model), "cases": {}}
         blocks: dict[str, np.ndarray] = {}
         path, blocks_path = OUT_DIR / f"{name}.json", OUT_DIR / f"{name}.blocks.npz"

@@ -84,7 +84,8 @@ def test_invariant_kernels_give_every_token_its_single_token_result(t: GGMLType)
     kernel's single-token result (deterministic decoding is ordinary decoding). A format
     without a ``matmul_invariant`` kernel must be invariant as it is."""
     inv = M.FormatSet([t], invariant=True) if traits.get(t).matmul_invariant else ALL
-    nrows, ncols = 48, 768 if traits.get(t).layout.qk == 256 else 96
+    qk = traits.get(t).layout.qk
+    nrows, ncols = 48, 768 if qk == 256 else (96 if qk <= 32 else 3 * qk)
     packed, desc = _weights(t, nrows, ncols, seed=9)
     x = np.random.default_rng(3).standard_normal((11, ncols)).astype(np.float32)
     a = M.new_acts(11, ncols)
@@ -104,7 +105,8 @@ def test_gathered_rows_get_their_single_token_results(t: GGMLType) -> None:
     from activation row ``a0 + r // adiv`` and written to ``o0 + r``, is the same bits as
     that token alone (11 rows: groups of four, a pair and a single), for every format
     (MXFP4's multi-token kernel; the others row by row); an empty row list is the range."""
-    nrows, ncols = 48, 768 if traits.get(t).layout.qk == 256 else 160  # MXFP4: 5 blocks
+    qk = traits.get(t).layout.qk
+    nrows, ncols = 48, 768 if qk == 256 else (160 if qk <= 32 else 5 * qk)  # MXFP4: 5 blocks
     packed, desc = _weights(t, nrows, ncols, seed=11)
     x = np.random.default_rng(4).standard_normal((6, ncols)).astype(np.float32)
     a = M.new_acts(6, ncols)

@@ -186,8 +186,11 @@ DATA_CASES = [
         "imatrix-dat-IQ4_NL",
         "TQ1_0",
         "TQ2_0",
+        "Q2_0",
+        "tensor-type-NVFP4",
     )
 ]
+DATA_CASES.append(("gemma3-270m", "Q1_0"))
 # cases checked on the first blocks only (IQ4_NL's search is slow: ~1 min for the whole model)
 PARTIAL = {"imatrix-dat-IQ4_NL": ("blk.0.", "blk.1.", "blk.2.", "blk.29.")}
 
@@ -245,6 +248,15 @@ def _compare_tensors(model: str, case: str, tensors: list[tuple[str, GGMLType, o
         if share < 0.999:
             problems.append(f"{name}: only {share:.4%} of blocks identical")
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.real_model
+def test_q1_0_refuses_rows_with_no_fallback_as_llama_quantize(smollm2_path: Path) -> None:
+    """SmolLM2's rows of 576 are not a multiple of Q1_0's 128 and Q1_0 has no fallback type:
+    llama-quantize fails with this message, and so do we (Gemma-3's 640 quantize: a case)."""
+    params = QuantizeParams(parse_preset("Q1_0").ftype, allow_requantize=True)
+    with pytest.raises(UsageError, match="no tensor type fallback is defined for type q1_0"):
+        plan_quantization(_opened(smollm2_path), params)
 
 
 @pytest.mark.real_model

@@ -22,6 +22,7 @@ ALL = [
     "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1",
     "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K", "IQ4_NL", "IQ4_XS", "MXFP4",
     "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0",
+    "NVFP4", "Q1_0", "Q2_0",
 ]  # fmt: skip
 # every format quantizes (IQ2_XXS, IQ2_XS and IQ1_S only with an importance matrix)
 DEQUANT_ONLY: set[str] = set()
@@ -33,13 +34,15 @@ NEEDS_IMATRIX = {"IQ2_XXS", "IQ2_XS", "IQ1_S"}
 # quantizers that abort (ggml) / raise QuantError (here) on a NaN in a row
 ABORTS_ON_NAN = {"IQ2_XS", "IQ2_S"}
 GRID_QUANT = ["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M"]
-GGUF_DEQUANT = [t for t in ALL if t not in ("Q8_1", "Q8_K")]  # gguf-py has no Q8_1/Q8_K
+# gguf-py has no Q8_1/Q8_K/Q1_0/Q2_0 dequantizer
+GGUF_DEQUANT = [t for t in ALL if t not in ("Q8_1", "Q8_K", "Q1_0", "Q2_0")]
 GGUF_QUANT = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "BF16", "MXFP4"]  # all gguf-py quantizes
 VEC_DOT = {
     "F32": "F32", "F16": "F16", "BF16": "BF16", "Q4_0": "Q8_0", "Q4_1": "Q8_1", "Q5_0": "Q8_0",
     "Q5_1": "Q8_1", "Q8_0": "Q8_0", "Q8_1": "Q8_1", "Q2_K": "Q8_K", "Q3_K": "Q8_K",
     "Q4_K": "Q8_K", "Q5_K": "Q8_K", "Q6_K": "Q8_K", "Q8_K": None, "IQ4_NL": "Q8_0",
     "IQ4_XS": "Q8_K", "MXFP4": "Q8_0", **dict.fromkeys(ALL[ALL.index("IQ2_XXS") :], "Q8_K"),
+    "NVFP4": "Q8_0", "Q1_0": "Q8_0", "Q2_0": "Q8_0",
 }  # fmt: skip
 
 
@@ -104,24 +107,24 @@ def test_registry_has_every_format_with_consistent_layout():
 
 
 def test_unsupported_type_error_names_type_and_tensor():
-    with pytest.raises(Q.UnsupportedQuantTypeError, match=r"NVFP4.*'blk\.0\.ffn_up\.weight'"):
-        Q.get(GGMLType.NVFP4, tensor="blk.0.ffn_up.weight")
+    with pytest.raises(Q.UnsupportedQuantTypeError, match=r"I8.*'blk\.0\.ffn_up\.weight'"):
+        Q.get(GGMLType.I8, tensor="blk.0.ffn_up.weight")
     with pytest.raises(LlamacpyError, match="unknown ggml type 99"):
         Q.get(99)
-    with pytest.raises(Q.UnsupportedQuantTypeError, match="Q1_0"):
-        Q.dequantize(b"\0" * 64, GGMLType.Q1_0)
-    with pytest.raises(Q.UnsupportedQuantTypeError, match="NVFP4"):
-        Q.quantize(np.zeros(64, np.float32), "NVFP4")
+    with pytest.raises(Q.UnsupportedQuantTypeError, match="F64"):
+        Q.dequantize(b"\0" * 64, GGMLType.F64)
+    with pytest.raises(Q.UnsupportedQuantTypeError, match="I32"):
+        Q.quantize(np.zeros(64, np.float32), "I32")
 
 
 def test_unsupported_type_of_a_tensor_info_names_the_tensor():
     class FakeInfo:
         name = "blk.3.attn_k.weight"
-        type = GGMLType.Q2_0
+        type = GGMLType.I16
         np_shape = (2, 256)
-        raw = np.zeros(2 * 110, np.uint8)
+        raw = np.zeros(2 * 512, np.uint8)
 
-    with pytest.raises(Q.UnsupportedQuantTypeError, match=r"Q2_0.*blk\.3\.attn_k\.weight"):
+    with pytest.raises(Q.UnsupportedQuantTypeError, match=r"I16.*blk\.3\.attn_k\.weight"):
         Q.dequantize(FakeInfo())
 
 
@@ -436,3 +439,26 @@ def test_tq_iq3_quantize_equals_ggml_fixture(name):
         for quantize in (fmt.quantize, fmt.quantize_numpy):
             with pytest.raises(Q.QuantError, match=rf"{name}: .*aborts on row 0, values 0\.\.255"):
                 quantize(f["x_nan"])
+
+
+Q1_Q2_NVFP4 = Path(__file__).parent / "fixtures" / "quants" / "q1_q2_nvfp4.npz"
+
+
+@pytest.mark.parametrize("name", ["Q1_0", "Q2_0", "NVFP4"])
+def test_q1_q2_nvfp4_equal_ggml_fixture(name):
+    """ggml's bytes (scripts/make_q1_q2_nvfp4_fixtures.py) of hostile rows (NaN, infinities,
+    huge, denormal, all-equal and all-zero blocks, random bit patterns, UE4M3 scale sweeps),
+    with and without importance weights (which ggml ignores for these types), and ggml's
+    floats for random blocks with non-finite, signed-zero and denormal scales (NVFP4: every
+    scale byte)."""
+    with np.load(Q1_Q2_NVFP4) as z:
+        f = {k: z[k] for k in z.files}
+    fmt = Q.get(name)
+    x = f["x"]
+    for im, key in ((None, name), (f["im"], f"{name}/im")):
+        expected = f[key].reshape(x.shape[0], -1)
+        assert np.array_equal(fmt.quantize(x, im), expected), key
+        assert np.array_equal(fmt.quantize_numpy(x, im), expected), key
+    raw, deq = f[f"{name}/raw"], f[f"{name}/deq"]
+    assert_same_bits(fmt.dequantize(raw, deq.size), deq)
+    assert_same_bits(fmt.dequantize_numpy(raw, deq.size), deq)

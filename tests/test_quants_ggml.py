@@ -26,7 +26,7 @@ pytestmark = [
 
 CHUNK = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
          "IQ4_NL", "IQ4_XS", "MXFP4", "F16", "BF16"]  # fmt: skip
-CHUNK += ["TQ1_0", "TQ2_0"]  # importance weights: ignored by ggml
+CHUNK += ["TQ1_0", "TQ2_0", "NVFP4", "Q1_0", "Q2_0"]  # importance weights: ignored by ggml
 # ggml aborts the process on some input of these (NaN, inf, overflowing magnitudes), where
 # ours raise QuantError: ggml runs them in a forked child
 ABORTING = ["IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M"]
@@ -173,7 +173,7 @@ def test_iq4_nl_row_ref_matches_ggml(lib):
 
 DEQUANT = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
            "Q8_K", "IQ4_NL", "IQ4_XS", "MXFP4", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS",
-           "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0"]  # fmt: skip
+           "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0", "NVFP4", "Q1_0", "Q2_0"]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", DEQUANT)

@@ -58,13 +58,17 @@ _SCALES: dict[GGMLType, tuple[tuple[int, float], ...]] = {
     GGMLType.IQ1_S: ((0, 0.006),),
     GGMLType.TQ1_0: ((52, 0.05),),
     GGMLType.TQ2_0: ((64, 0.05),),
+    GGMLType.Q1_0: ((0, 0.05),),
+    GGMLType.Q2_0: ((0, 0.04),),
 }
 # IQ1_M keeps its f16 scale in the top nibbles of its four 16-bit scale words (at byte 48)
 _IQ1M_SCALES, _IQ1M_D = 48, 0.006
 # E8M0 exponent bytes of each block: (byte offset, lowest, highest) -- scales 2**(e - 128)
 # from 2**-8 to 2**-6, weights of std ~0.05
+# NVFP4's four UE4M3 scale bytes: 2**-6 .. 2**-5.4 (halved: E2M1 values are doubled)
 _EXPONENTS: dict[GGMLType, tuple[tuple[int, int, int], ...]] = {
     GGMLType.MXFP4: ((0, 120, 122),),
+    GGMLType.NVFP4: ((0, 8, 12), (1, 8, 12), (2, 8, 12), (3, 8, 12)),
 }
 TINY_ARCHS = (
     "llama", "qwen2", "qwen3", "phi3", "gemma3", "smollm3", "qwen3moe", "gpt-oss", "gemma2",

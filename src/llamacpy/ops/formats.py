@@ -23,11 +23,15 @@ Field kinds (per block of the group; offsets in bytes):
   each 128-bit lane, for ``vpshufb``). The codes lie as ``CHUNK4`` of values, vector ``c``
   (values ``4c..4c+3`` of every row) in the low nibbles of vector ``c % 32``'s bytes when
   ``c < 32``, in the high ones after: 2400 bytes per group block, 4.69 bits per weight (the
-  file's 1.56-3.44).
+  file's 1.56-3.44);
+* ``PLANES``: packed codes of ``elem`` bits (1: Q1_0's signs, 2: Q2_0's codes) as ``CHUNK4``
+  with each 32-bit word's codes transposed: code ``g`` of the word moves to byte ``g % 4``,
+  bits ``elem * (g // 4)``, so ``(word >> elem * p) & mask`` is codes ``4p..4p+3`` one per
+  byte, ready for ``vpdpbusd``.
 
 A repacked group block has the original 16 blocks' size, except where 6-bit scales are
 unpacked (Q3_K/Q4_K/Q5_K +4 bytes per row per 256 weights, IQ4_XS +2) and the grid formats
-(decoded to bytes).
+(decoded to 4-bit codes and a table).
 Float formats use "blocks" of 16 elements.
 
 :func:`repack` / :func:`repack_many` (numba) and :func:`repack_numpy` (vectorized twin)
@@ -58,6 +62,7 @@ from .traits import (
     IQV_TAB,
     IQV_V,
     K4SC,
+    PLANES,
     Q3SC,
     Q5HB,
     ROWS,
@@ -105,6 +110,16 @@ def _q3_scale(q, o, j):
     return (low | (high << 4)) - 32
 
 
+@njit(cache=True, inline="always")
+def _planes(u, e):
+    """A 32-bit word of ``e``-bit codes transposed for ``PLANES`` (see the module docstring)."""
+    u = np.int64(u)
+    v = 0
+    for g in range(32 // e):
+        v |= ((u >> (e * g)) & ((1 << e) - 1)) << (8 * (g % 4) + e * (g // 4))
+    return np.uint32(v)
+
+
 @njit(cache=True)
 def _repack_iqv(raw, s, out, d, r, t):
     """Row ``r``'s block of grid format ``t`` (bytes at ``raw[s:]``) decoded into the IQV
@@ -138,6 +153,9 @@ def _repack_op(raw, s, out, d, r, kind, n, e):
         x = np.uint32(0x80808080 if kind == XOR80 else 0)
         for c in range(n // 4):
             store_u32(out, d + (c * 16 + r) * 4, load_u32(raw, s + 4 * c) ^ x)
+    elif kind == PLANES:
+        for c in range(n // 4):
+            store_u32(out, d + (c * 16 + r) * 4, _planes(load_u32(raw, s + 4 * c), e))
     elif kind == T:
         if e == 4:
             for i in range(n // 4):
@@ -413,6 +431,17 @@ def _q5_hbits_np(qh: np.ndarray) -> np.ndarray:
     return out
 
 
+def _planes_np(f: np.ndarray, e: int, inverse: bool = False) -> np.ndarray:
+    """``PLANES``' transposition of the 32-bit words of ``f`` [..., 4k] bytes (or its inverse)."""
+    u = np.ascontiguousarray(f).view("<u4").astype(np.int64)
+    v = np.zeros_like(u)
+    for g in range(32 // e):
+        a, b = e * g, 8 * (g % 4) + e * (g // 4)
+        src, dst = (b, a) if inverse else (a, b)
+        v |= ((u >> src) & ((1 << e) - 1)) << dst
+    return v.astype("<u4").view(np.uint8)
+
+
 def iq_module(t):
     """The :mod:`llamacpy.quants` module of grid / ternary format ``t``."""
     return next(m for m in _iqcodes.MODULES if int(m.TYPE) == int(t))
@@ -453,7 +482,8 @@ def repack_numpy(raw: np.ndarray, t: GGMLType | int, nrows: int, ncols: int) -> 
         f = blocks[..., so : so + n]
         if kind == ROWS:
             v = f
-        elif kind in (CHUNK4, XOR80):
+        elif kind in (CHUNK4, XOR80, PLANES):
+            f = _planes_np(f, e) if kind == PLANES else f
             v = f.reshape(ng, nblk, GROUP, n // 4, 4).transpose(0, 1, 3, 2, 4)
             v = v ^ np.uint8(0x80) if kind == XOR80 else v
         elif kind == T:
@@ -494,9 +524,10 @@ def unpack_fields(packed: np.ndarray, t: GGMLType | int, nrows: int, ncols: int)
     for kind, so, n, do, e in lay.ops:
         if kind == ROWS:
             fields[f"f{so}"] = rows(p[:, :, do : do + GROUP * n].reshape(ng, nblk, GROUP, n))
-        elif kind in (CHUNK4, XOR80):
+        elif kind in (CHUNK4, XOR80, PLANES):
             v = p[:, :, do : do + GROUP * n].reshape(ng, nblk, n // 4, GROUP, 4)
             v = v.transpose(0, 1, 3, 2, 4).reshape(ng, nblk, GROUP, n)
+            v = _planes_np(v, e, inverse=True) if kind == PLANES else v
             fields[f"f{so}"] = rows(v ^ np.uint8(0x80) if kind == XOR80 else v)
         elif kind == T:
             v = p[:, :, do : do + GROUP * n].reshape(ng, nblk, n // e, GROUP, e)

@@ -20,7 +20,8 @@ The role of ggml's ``type_traits`` / ``type_traits_cpu``. A :class:`FormatTraits
 Matmul dispatch (:mod:`.matmul`), row decoding (:mod:`.dequant`), repacking
 (:mod:`.formats`) and the loaders read the record; no other engine code names a type id or a
 block size. A format's record sits next to its kernels (:mod:`.qdot_float`,
-:mod:`.qdot_legacy`, :mod:`.qdot_k`, :mod:`.qdot_iq`), which :func:`register` it at import.
+:mod:`.qdot_legacy`, :mod:`.qdot_k`, :mod:`.qdot_iq`, :mod:`.qdot_bits`), which
+:func:`register` it at import.
 :data:`KERNEL_MODULES` says which module holds which formats, so a model imports only the
 kernel modules of its own formats (the IQ and K-quant kernels are ~45 ms of a start that
 needs neither). Adding a format = its ``quants/`` module + its kernels + its record (and its
@@ -40,7 +41,7 @@ from ..errors import ModelError
 from ..gguf.constants import GGML_BLOCK_SIZES, GGMLType
 
 # repacked field kinds (see .formats)
-ROWS, CHUNK4, XOR80, T, Q5HB, K4SC, Q3SC, IQ4XSSC, IQV = range(9)
+ROWS, CHUNK4, XOR80, T, Q5HB, K4SC, Q3SC, IQ4XSSC, IQV, PLANES = range(10)
 GROUP = 16  # rows per row group (vector lanes)
 # an IQV field (grid / ternary formats decoded to their integer form, see .formats): f16 d per
 # row, 16 scale bytes per row (one per 16 weights), 256 4-bit value codes per row, and the
@@ -71,6 +72,7 @@ KERNEL_MODULES: dict[str, tuple[GGMLType, ...]] = {
         GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ3_XXS, GGMLType.IQ1_S, GGMLType.IQ3_S,
         GGMLType.IQ2_S, GGMLType.IQ1_M, GGMLType.TQ1_0, GGMLType.TQ2_0,
     ),
+    "qdot_bits": (GGMLType.NVFP4, GGMLType.Q1_0, GGMLType.Q2_0),
 }  # fmt: skip
 _HOME = {t: name for name, ts in KERNEL_MODULES.items() for t in ts}
 

@@ -59,7 +59,8 @@ _FORMATS: dict[GGMLType, QuantFormat] = {}
 # the format modules, imported (and so registered) on the first lookup: importing the package
 # for one helper (the engine's repacking needs ``_iqcodes``) does not load every format
 FORMAT_MODULES = ("floats", "iq1_m", "iq1_s", "iq2_s", "iq2_xs", "iq2_xxs", "iq3_s",
-                  "iq3_xxs", "iq4_nl", "iq4_xs", "mxfp4", "q2_k", "q3_k", "q4_0", "q4_1",
+                  "iq3_xxs", "iq4_nl", "iq4_xs", "mxfp4", "nvfp4", "q1_0", "q2_0", "q2_k", "q3_k",
+                  "q4_0", "q4_1",
                   "q4_k", "q5_0", "q5_1", "q5_k", "q6_k", "q8_0", "q8_1", "q8_k", "tq1_0",
                   "tq2_0")  # fmt: skip
 _loaded = False
