@@ -1,9 +1,13 @@
 #!/usr/bin/env python
 """Check gemma4 on files laid out as real ones are (dev-only): tiny seeded random transformers
-``Gemma4ForCausalLM`` models (3 layers: local, local, global; head size 64 for both kinds;
-dense, and with 4 experts of which 2 used) converted by llama.cpp's ``convert_hf_to_gguf.py``
-(``--outtype f32`` and ``q8_0``), then our logits against llama.cpp's on the same files, and
-greedy continuations of 32 tokens.
+``Gemma4ForCausalLM`` models converted by llama.cpp's ``convert_hf_to_gguf.py`` (``--outtype
+f32`` and ``q8_0``), then our logits against llama.cpp's on the same files, and greedy
+continuations of 32 tokens. Variants (``--variants``): ``dense`` (3 layers: local, local,
+global; head size 64 for both kinds), ``moe`` (4 experts of which 2 used), ``31b`` (31B's
+layout: local heads of 32, the global layer's of 64 with 1 KV head and its values read from
+its keys, ``attention_k_eq_v``), ``e2b`` (E2B's layout: 6 layers, the last 3 sharing the KV
+of layers 1 and 2 with FFNs twice as wide, ``use_double_wide_mlp``; per-layer embeddings of
+32).
 
 Run from the repository root with the project's venv::
 
@@ -11,11 +15,12 @@ Run from the repository root with the project's venv::
 
 ``--hf-py``: an interpreter with transformers (5.x, which has gemma4) and torch (CPU). The
 converter runs unchanged but for two things the tiny checkpoints lack: the vocabulary is 259
-SentencePiece byte tokens (no tokenizer model), and ``config.json`` is read as saved
-(transformers' ``Gemma4TextConfig.to_dict`` leaves ``global_head_dim`` out, which the
-converter needs). Measured: Q8_0 logits bit-identical at ubatch 512/7/1 (threads 2/1/2),
-F32 within 3.0e-4 (dense) and 1.3e-4 (experts: fused ``ffn_gate_up_exps``, an F32 router)
-of max |logit|, greedy continuations identical.
+SentencePiece byte tokens (no tokenizer model), and ``config.json`` is read as saved, with
+the keys ``Gemma4TextConfig.to_dict`` leaves out and the converter needs (``global_head_dim``,
+``num_global_key_value_heads``, ``per_layer_config``) put back. Measured: Q8_0 logits
+bit-identical at ubatch 512/7/1 (threads 2/1/2) for every variant; F32 within 3.0e-4
+(dense), 1.3e-4 (experts: fused ``ffn_gate_up_exps``, an F32 router), 8.6e-4 (31b) and
+1.2e-3 (e2b) of max |logit|; greedy continuations identical.
 """
 
 from __future__ import annotations
