@@ -1158,7 +1158,7 @@ def mla_attention(c, L, clk):
     first ``n_lora_kv`` values the value (the output's last ``n_rot`` are not used): the V
     cache is the K cache (the engine stores no V for this layout)."""
     kv = c.kv
-    one = KVPart(kv.KC, kv.KC, kv.cells, kv.mask, kv.n_kv, kv.mode, kv.hstride, kv.order)
+    one = KVPart(kv.KC, kv.KC, kv.cells, kv.mask, kv.n_kv, kv.mode, kv.hstride, kv.order, kv.rowb)
     _attention(c, one, _layer_base(c, L, kv), c.M.n_head, c.NF[:0])
     return _sync(c, tick(c.prof, c.tid, P_ATTN, clk))
 
