@@ -57,7 +57,7 @@ N_GREEDY_CASE = dict.fromkeys(
 CASES = LLAMA_CPP_CASES  # case -> (arch, tiny-model options, n_ctx)
 # Q8_0 cases also run on a longer prompt at these ubatch sizes (64+: tiled attention):
 # ``{case}.Q8_0.long{ubatch}`` logits of LONG_TOKENS in a context of 256
-LONG_CASES = {"deepseek2": (80, 7)}
+LONG_CASES = {"deepseek2": (80, 7), "gemma4_31b": (80, 7), "gemma4_e2b": (80, 7)}
 LONG_TOKENS = np.random.default_rng(7).integers(3, 259, 80).tolist()
 ORACLE_LONG = """
 import json, numpy as np

@@ -543,6 +543,21 @@ def test_gemma4_q8_0_any_ubatch_and_threads(model_dir: Path, case, n_ubatch, n_t
     np.testing.assert_array_equal(got, FIX[f"{case}.Q8_0.logits"])
 
 
+@pytest.mark.parametrize("case", ["gemma4_31b", "gemma4_e2b"])
+@pytest.mark.parametrize(("n_ubatch", "n_threads"), [(80, 2), (80, 1), (7, 2)])
+def test_gemma4_q8_0_long_prompt(model_dir: Path, case, n_ubatch, n_threads) -> None:
+    """31B's and E2B's layouts over 80 tokens in one ubatch (tiled attention in both cache
+    parts, each of its head size) or in ubatches of 7: llama.cpp's logits at the same ubatch
+    size, bit for bit, with 1 or 2 threads."""
+    arch, opts, _ = CASES[case]
+    path = tiny(model_dir, arch, GGMLType.Q8_0, **opts)
+    tokens = np.random.default_rng(7).integers(3, 259, 80).tolist()  # as the fixture's
+    p = _params(n_ctx=256, n_batch=128, n_ubatch=n_ubatch, n_threads=n_threads,
+                n_threads_batch=n_threads)  # fmt: skip
+    got = Context(path, p).decode(Batch.from_tokens(tokens, logits="all"))
+    np.testing.assert_array_equal(got, FIX[f"{case}.Q8_0.long{n_ubatch}"])
+
+
 def test_gemma4_layers_follow_the_file(model_dir: Path) -> None:
     """The tiny file's pattern (local, local, global), window 4, the local layers' rope base
     without frequency factors, the global layer's with them; no scales of the scores or the
