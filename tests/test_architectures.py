@@ -571,6 +571,31 @@ def test_gemma4_layers_follow_the_file(model_dir: Path) -> None:
     assert m.freqs_arr.shape == (32,) and m.freqs_arr[-1] == np.float32(1e30)
 
 
+def test_gemma4_layouts_as_released_follow_the_file(model_dir: Path) -> None:
+    """31B's layout: each layer's row of the model table has its kind's head size, rope
+    dimensions and KV heads; the global layer reads its values from its keys; each cache
+    part has its kind's heads and head size. E2B's: the last 3 layers attend the KV of
+    layers 1 (local) and 2 (global) and have no cache rows; FFN sizes per layer."""
+    ctx = Context(tiny(model_dir, "gemma4_31b", GGMLType.F32), _params())
+    m = ctx.model
+    assert m.model_row["head_dim"].tolist() == [32, 32, 64]
+    assert m.model_row["n_rot"].tolist() == [32, 32, 64]
+    assert m.model_row["n_head_kv"].tolist() == [2, 2, 1]
+    assert m.blk[2].attn_v is None and m.blk[1].attn_v is not None
+    assert m.kv_geometry == ((1, 64), (2, 32)) and m.rope_swa.n_rot == 32
+    assert ctx.kv.base.k.shape[:2] == (1, 1) and ctx.kv.swa.k.shape[:2] == (2, 2)
+    assert (ctx.kv.base.head_dim, ctx.kv.swa.head_dim) == (64, 32)
+    ctx = Context(tiny(model_dir, "gemma4_e2b", GGMLType.F32), _params())
+    m, lt = ctx.model, ctx.model.layer_table
+    assert m.kv_layers == (0, 1, 2) and m.kv_layer_swa == (True, True, False)
+    assert lt["kv_shared"].tolist() == [0, 0, 0, 1, 1, 1]
+    assert lt["kv_index"].tolist() == [0, 1, 0, 1, 1, 0]  # (3, 4 -> layer 1; 5 -> layer 2)
+    assert m.model_row["n_ff"].tolist() == [512] * 3 + [1024] * 3
+    assert m.model_row["n_embd_pl"].tolist() == [32] * 6 and m.blk[5].inp_gate is not None
+    assert ctx.kv.base.k.shape[0] == 1 and ctx.kv.swa.k.shape[0] == 2
+    assert len(m.rope_layers) == 3
+
+
 @pytest.mark.parametrize(
     ("case", "key", "value", "match"),
     [
