@@ -9,7 +9,8 @@ with llama.cpp.
   Encoders (bert): embedding shapes, two sequences in one batch == each alone.
 * the cases of ``tiny.LLAMA_CPP_CASES`` (qwen2, qwen3, phi3 with short and long rope
   factors, smollm3, qwen3moe, gpt-oss, gemma2 (attention and final soft-caps), olmo2, gemma4
-  (dense; a dense FFN beside experts, split or fused gate|up), a llama file with experts (Mixtral), a llama file with
+  (dense; a dense FFN beside experts, split or fused gate|up; 31B's and E2B's layouts, which
+  the shared runner checks too: ``RUNNER_VARIANTS``), a llama file with experts (Mixtral), a llama file with
   ``llama.attention.sliding_window``: llama.cpp ignores the key for ``llama``, so do we) vs llama.cpp's logits and greedy continuations (``tests/fixtures/engine/arch_logits.npz``,
   ``scripts/make_arch_fixtures.py``).
 * An unknown ``general.architecture`` is an error listing the supported ones.
