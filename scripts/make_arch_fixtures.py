@@ -51,11 +51,13 @@ TOKENS = [1, 50, 72, 101, 108, 108, 111, 33, 200, 3, 77, 140, 9, 250, 31, 66, 10
 PROMPT = [1, 84, 104, 101, 32, 99]
 N_GREEDY = 16
 # longer continuations of these cases
-N_GREEDY_CASE = dict.fromkeys(("gemma4", "gemma4_moe", "gemma4_moe_fused"), 32)
+N_GREEDY_CASE = dict.fromkeys(
+    ("gemma4", "gemma4_moe", "gemma4_moe_fused", "gemma4_31b", "gemma4_e2b"), 32
+)
 CASES = LLAMA_CPP_CASES  # case -> (arch, tiny-model options, n_ctx)
 # Q8_0 cases also run on a longer prompt at these ubatch sizes (64+: tiled attention):
 # ``{case}.Q8_0.long{ubatch}`` logits of LONG_TOKENS in a context of 256
-LONG_CASES = {"deepseek2": (80, 7)}
+LONG_CASES = {"deepseek2": (80, 7), "gemma4_31b": (80, 7), "gemma4_e2b": (80, 7)}
 LONG_TOKENS = np.random.default_rng(7).integers(3, 259, 80).tolist()
 ORACLE_LONG = """
 import json, numpy as np

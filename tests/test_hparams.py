@@ -71,6 +71,23 @@ def test_bad_hyperparameters(overrides, message) -> None:
         HParams.from_gguf(_llama(**overrides))
 
 
+def test_per_layer_kv_heads_and_ffn_sizes_are_read_and_left_to_the_model() -> None:
+    """Per-layer ``head_count_kv`` and ``feed_forward_length`` arrays whose values differ are
+    read (the largest as the model's size, the list in ``extra``); an architecture that
+    does not declare them refuses the file naming the key (gemma4 declares both)."""
+    kv = np.array([2, 1], dtype=np.int32)
+    ff = np.array([96, 192], dtype=np.int32)
+    md = _llama(**{"llama.attention.head_count_kv": kv, "llama.feed_forward_length": ff})
+    hp = HParams.from_gguf(md)
+    assert (hp.n_head_kv, hp.n_ff) == (2, 192)
+    assert hp.extra["kv_heads_per_layer"] == (2, 1) and hp.extra["ff_per_layer"] == (96, 192)
+    for key, value in (("attention.head_count_kv", kv), ("feed_forward_length", ff)):
+        with pytest.raises(ModelError, match=f"'llama.{key}'"):
+            check_model(_llama(**{f"llama.{key}": value}), {})
+    with pytest.raises(ModelError, match="a layer of size 0"):
+        HParams.from_gguf(_llama(**{"llama.feed_forward_length": np.array([96, 0])}))
+
+
 def test_missing_and_misshaped_tensors() -> None:
     md = _llama()
     shapes = _shapes(HParams.from_gguf(md))

@@ -108,6 +108,16 @@ def _iswa(**kw) -> ISWACache:
     return ISWACache(layers, 2, 32, 512, 4, n_ubatch=8, n_seq_max=2, **kw)
 
 
+def test_iswa_parts_have_their_own_heads_and_rows() -> None:
+    """gemma4: the global and the window part each with its KV heads and head size (row
+    bytes: the global part's in ``info[2]``, the window part's in ``info[5]``)."""
+    kv = ISWACache((True, True, False, True), (1, 2), (64, 32), 512, 4, n_ubatch=8)
+    assert kv.base.k.shape[:2] == (1, 1) and kv.swa.k.shape[:2] == (3, 2)
+    assert (kv.base.head_dim, kv.swa.head_dim) == (64, 32)
+    info = kv.forward_arrays()[-1].tolist()
+    assert info[2] == kv.base.row_bytes == 128 and info[5] == kv.swa.row_bytes == 64
+
+
 def test_iswa_cache_has_a_global_and_a_window_part() -> None:
     kv = _iswa()
     assert kv.base.k.shape[:3] == (1, 2, 512) and kv.swa.k.shape[:3] == (3, 2, 256)
@@ -116,7 +126,7 @@ def test_iswa_cache_has_a_global_and_a_window_part() -> None:
     k, v, ks, vs, info = kv.forward_arrays()
     assert np.shares_memory(k, kv.base.k) and np.shares_memory(ks, kv.swa.k)
     assert np.shares_memory(v, kv.base.v) and np.shares_memory(vs, kv.swa.v)
-    assert info.tolist()[3:] == [512, 256]
+    assert info.tolist()[3:] == [512, 256, kv.swa.row_bytes]
     p = 0
     for n in (100, 100, 100, 1, 1):
         sl = kv.prepare(_ub(list(range(p, p + n))))

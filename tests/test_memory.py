@@ -18,5 +18,5 @@ def test_the_kv_cache_implements_every_operation_of_the_interface() -> None:
     k, v, ks, vs, info = kv.forward_arrays()
     assert k.base is not None and np.shares_memory(k, kv.k) and np.shares_memory(v, kv.v)
     assert ks is k and vs is v  # no sliding-window part: the same cells
-    assert info.tolist() == [kv.type_k, kv.type_v, kv.row_bytes, 64, 64]
+    assert info.tolist() == [kv.type_k, kv.type_v, kv.row_bytes, 64, 64, kv.row_bytes]
     assert kv.forward_arrays() is kv.forward_arrays()  # built once, views of the cells

@@ -151,7 +151,7 @@ def test_hybrid_layers_split_between_its_parts() -> None:
     k, _, conv, _, info = h.forward_arrays()
     assert np.shares_memory(k, h.attn.k) and np.shares_memory(conv, h.recr.conv)
     assert conv.dtype == np.uint8 and conv.nbytes == h.recr.conv.nbytes
-    assert info.tolist()[5:] == [6, 2, 12, 16]
+    assert info.tolist()[6:] == [6, 2, 12, 16]
     assert h.nbytes == h.attn.nbytes + h.recr.nbytes
 
 

@@ -55,6 +55,10 @@ class HParams:
         else:
             n_head = n_head_kv = head_k = head_v = n_rot = 0
         kv_layers = _kv_heads_per_layer(metadata, arch) if attention else None
+        ff_layers = _per_layer(metadata, f"{arch}.feed_forward_length") if attention else None
+        extra = {} if kv_layers is None else {"kv_heads_per_layer": kv_layers}
+        if ff_layers is not None:
+            extra["ff_per_layer"] = ff_layers
         if n_vocab is None:
             tokens = metadata.get("tokenizer.ggml.tokens")
             n_vocab = get.int("vocab_size", default=len(tokens) if tokens is not None else 0)
@@ -65,7 +69,9 @@ class HParams:
             n_ctx_train=get.int("context_length"),
             n_embd=n_embd,
             n_layer=get.int("block_count"),
-            n_ff=get.int("feed_forward_length") if attention else 0,
+            n_ff=(max(ff_layers) if ff_layers else get.int("feed_forward_length"))
+            if attention
+            else 0,
             n_head=n_head,
             n_head_kv=n_head_kv,
             n_embd_head_k=head_k,
@@ -75,7 +81,7 @@ class HParams:
             rope_freq_scale=1.0 / scale_factor if scale_factor > 0 else 1.0,
             norm_rms_eps=get.float("attention.layer_norm_rms_epsilon", default=1e-5, positive=True),
             n_swa=get.int("attention.sliding_window", default=0, minimum=0),
-            extra={} if kv_layers is None else {"kv_heads_per_layer": kv_layers},
+            extra=extra,
         )
 
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
@@ -136,18 +142,31 @@ def _attention_sizes(get, metadata: Mapping[str, Any], arch: str, n_embd: int) -
 
 
 def _kv_heads_per_layer(metadata: Mapping[str, Any], arch: str) -> tuple[int, ...] | None:
-    """``attention.head_count_kv`` given per layer with zeros (a hybrid's layers without
-    attention) and one count elsewhere; None for a single count (or no key)."""
+    """``attention.head_count_kv`` given per layer: with zeros (a hybrid's layers without
+    attention) or counts that differ (gemma4's global layers); None for a single count (or
+    no key). Which forms a model accepts is its class's call (``Decoder.check``)."""
     key = f"{arch}.attention.head_count_kv"
     v = metadata.get(key)
     if not isinstance(v, np.ndarray | list) or not len(v):
         return None
     counts = tuple(int(x) for x in v)
     nonzero = {c for c in counts if c}
-    if 0 not in counts:
-        return None  # (the getter checks that the layers agree)
-    if len(nonzero) != 1 or min(counts) < 0:
+    if 0 not in counts and len(nonzero) == 1:
+        return None  # one count for every layer
+    if not nonzero or min(counts) < 0:
         raise ModelError(f"per-layer values {sorted(set(counts))} are not supported (key {key!r})")
+    return counts
+
+
+def _per_layer(metadata: Mapping[str, Any], key: str) -> tuple[int, ...] | None:
+    """A per-layer array of positive integers whose values differ (gemma4's
+    ``feed_forward_length``); None for one value (or no key)."""
+    v = metadata.get(key)
+    if not isinstance(v, np.ndarray | list) or len({int(x) for x in v}) < 2:
+        return None
+    counts = tuple(int(x) for x in v)
+    if min(counts) < 1:
+        raise ModelError(f"metadata key {key!r} has a layer of size {min(counts)}")
     return counts
 
 

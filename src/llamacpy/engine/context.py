@@ -89,13 +89,17 @@ class Context:
                 zeros=model.backend.zeros, **kw,
             )  # fmt: skip
         n_swa = getattr(model, "n_swa", 0)
+        # the layers with cache rows of their own (gemma4's shared KV layers have none) and
+        # the (KV heads, head size) of the global and the sliding-window ones
+        layer_swa = getattr(model, "kv_layer_swa", (False,) * hp.n_layer)
+        geo = getattr(model, "kv_geometry", ((hp.n_head_kv, hp.n_embd_head_k),) * 2)
         if n_swa > 0:
             return ISWACache(
-                model.layer_swa, hp.n_head_kv, hp.n_embd_head_k, self.n_ctx, n_swa,
+                layer_swa, (geo[0][0], geo[1][0]), (geo[0][1], geo[1][1]), self.n_ctx, n_swa,
                 n_ubatch=self.n_ubatch, swa_full=p.swa_full, zeros=model.backend.zeros, **kw,
             )  # fmt: skip
         return KVCache(
-            hp.n_layer, hp.n_head_kv, hp.n_embd_head_k, self.n_ctx,
+            len(layer_swa), geo[0][0], geo[0][1], self.n_ctx,
             zeros=model.backend.zeros, v_is_k=getattr(model, "kv_v_is_k", False),
             rope_offset=getattr(model, "kv_rope_offset", 0), **kw,
         )  # fmt: skip

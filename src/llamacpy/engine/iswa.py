@@ -42,8 +42,8 @@ class ISWACache(PairedMemory):
     def __init__(
         self,
         layer_swa: Sequence[bool],
-        n_head_kv: int,
-        head_dim: int,
+        n_head_kv: int | tuple[int, int],
+        head_dim: int | tuple[int, int],
         n_ctx: int,
         n_swa: int,
         type_k: str = "f16",
@@ -58,10 +58,12 @@ class ISWACache(PairedMemory):
         self.layer_swa = tuple(bool(s) for s in layer_swa)
         n_win = sum(self.layer_swa)
         size = swa_cache_size(n_ctx, n_swa, n_seq_max, n_ubatch, swa_full)
-        args = (n_head_kv, head_dim)
+        # (KV heads and head size: one for both parts, or (global, sliding-window): gemma4)
+        hk = n_head_kv if isinstance(n_head_kv, tuple) else (n_head_kv, n_head_kv)
+        hd = head_dim if isinstance(head_dim, tuple) else (head_dim, head_dim)
         kw = dict(type_k=type_k, type_v=type_v, n_seq_max=n_seq_max, zeros=zeros)
-        self.base = KVCache(len(self.layer_swa) - n_win, *args, n_ctx, **kw)
-        self.swa = KVCache(n_win, *args, size, n_swa=n_swa, **kw)
+        self.base = KVCache(len(self.layer_swa) - n_win, hk[0], hd[0], n_ctx, **kw)
+        self.swa = KVCache(n_win, hk[1], hd[1], size, n_swa=n_swa, **kw)
         self.n_ctx, self.n_swa = n_ctx, n_swa
         self.type_k, self.type_v = self.base.type_k, self.base.type_v
         self._arrays: tuple | None = None
@@ -103,10 +105,10 @@ class ISWACache(PairedMemory):
 
     def forward_arrays(self) -> tuple:
         """``(k, v, k_swa, v_swa, info)``, ``info`` = k type, v type, row bytes, cells of
-        each part."""
+        each part, row bytes of the window part."""
         if self._arrays is None:
             k, v, _, _, info = self.base.forward_arrays()
             ks, vs, _, _, _ = self.swa.forward_arrays()
-            info = np.array([*info[:4], self.swa.n_ctx], np.int64)
+            info = np.array([*info[:4], self.swa.n_ctx, self.swa.row_bytes], np.int64)
             self._arrays = (k, v, ks, vs, info)
         return self._arrays

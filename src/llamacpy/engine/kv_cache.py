@@ -99,11 +99,11 @@ class KVCache(Memory):
     def forward_arrays(self) -> tuple:
         """``(k, v, k_swa, v_swa, info)``: the cells flat (views, no copies; the window
         part is the same cache: a model with sliding-window layers gets an
-        :class:`~.iswa.ISWACache`) and ``info`` = k type, v type, row bytes, cells, cells."""
+        :class:`~.iswa.ISWACache`) and ``info`` = k type, v type, row bytes, cells, cells,
+        row bytes."""
         if self._arrays is None:
-            info = np.array(
-                [self.type_k, self.type_v, self.row_bytes, self.n_ctx, self.n_ctx], np.int64
-            )
+            rb = self.row_bytes
+            info = np.array([self.type_k, self.type_v, rb, self.n_ctx, self.n_ctx, rb], np.int64)
             k, v = self.k.reshape(-1), self.v.reshape(-1)
             self._arrays = (k, v, k, v, info)
         return self._arrays

@@ -340,7 +340,7 @@ class HybridMemory(PairedMemory):
     def forward_arrays(self) -> tuple:
         """``(k, v, conv, ssm, info)``: the attention part's cells flat, the recurrent
         part's states flat as bytes; ``info`` = k type, v type, row bytes, cells, cells,
-        recurrent layers, sequences, floats of a conv row, floats of an SSM row."""
+        row bytes, recurrent layers, sequences, floats of a conv row, floats of an SSM row."""
         if self._arrays is None:
             k, v, _, _, kvi = self.attn.forward_arrays()
             conv, ssm, ri = self.recr.forward_arrays()

@@ -17,8 +17,8 @@ second optimization took ~35 s per architecture on the first start). Argument gr
 (numba's parallel loop takes arrays and scalars, not tuples: they are unpacked before it and
 repacked inside):
 
-* ``MA``: one row of :data:`.stages.MODEL_DTYPE`; ``LT``: the layer table
-  (:data:`.stages.LAYER_DTYPE`);
+* ``MA``: the model table (:data:`.stages.MODEL_DTYPE`), a row per layer: the model's
+  sizes with that layer's geometry; ``LT``: the layer table (:data:`.stages.LAYER_DTYPE`);
 * ``WT = (W, WD, NF, RP, FF)``: repacked matrices, their descriptors, float vectors, rope
   rows (global, sliding-window; see :mod:`llamacpy.ops.rope`), rope frequency factors;
 * ``UB = (tokens, pos, cells, cells_swa, mask, mask_swa, out_idx, info)``, ``info`` =
@@ -26,8 +26,8 @@ repacked inside):
   of the sliding-window layers (which have their own cells and mask: ``engine.iswa``);
 * ``KV = (k_cache, v_cache, k_swa, v_swa, info)``, caches ``[n_layers of the kind,
   n_head_kv, cells, row_bytes]`` flat, ``info`` = k type, v type, row bytes, cells of the
-  global part, cells of the sliding-window part (a model without such layers: the same
-  cache twice);
+  global part, cells of the sliding-window part, its row bytes (a model without such
+  layers: the same cache twice);
 * ``S``: scratch buffers (see :class:`.decoder.Workspace`); ``STATE``: one
   :data:`.stages.STATE_DTYPE` row per worker; ``bar``: the spin barrier.
 """
@@ -59,7 +59,7 @@ Written by llamacpy.models.compose from the architecture's stage list: do not ed
 
 from numba import njit
 
-from llamacpy.models.stages import context, embed, head
+from llamacpy.models.stages import at_layer, context, embed, head
 from llamacpy.models.stages import {imports}
 from llamacpy.simd import cycles
 
@@ -70,6 +70,7 @@ def worker(fmask, tid, nth, MA, LT, WT, UB, KV, S, STATE, bar):
     clk = embed(c, cycles())
     for il in range(c.M.n_layer):
         L = LT[il]
+        c = at_layer(c, MA, il)
 {calls}
     head(c, clk)
 '''

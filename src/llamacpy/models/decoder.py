@@ -112,6 +112,10 @@ class Decoder:
     expert_act: ClassVar[int] = stages.ACT_SWIGLU  # the experts' activation
     # attention.head_count_kv may give 0 for the layers without attention (hybrids)
     per_layer_kv_heads: ClassVar[bool] = False
+    # attention layers may have KV head counts, FFN sizes of their own (gemma4; see
+    # layer_hparams)
+    varying_kv_heads: ClassVar[bool] = False
+    per_layer_ff: ClassVar[bool] = False
     # False: no attention at all (mamba2: attention.head_count 0, the attention sizes 0)
     has_attention: ClassVar[bool] = True
 
@@ -160,6 +164,19 @@ class Decoder:
         """The rope frequency factors of a context of ``n_ctx`` cells (empty: none)."""
         return self.freqs_arr
 
+    def kv_source(self, il: int) -> int:
+        """The layer whose KV cache layer ``il`` attends (itself, unless it reuses an earlier
+        layer's keys and values: gemma4's shared KV layers)."""
+        return il
+
+    @classmethod
+    def layer_hparams(cls, hp: HParams, il: int) -> HParams:
+        """The hyper-parameters of layer ``il`` (its head sizes, KV heads, rope dimensions,
+        FFN size), when they are not the model's (gemma4's local and global layers): the
+        shapes of its tensors and the geometry its stages run with (its row of the model
+        table)."""
+        return hp
+
     # ------------------------------------------------------------------ loading
     @classmethod
     def variant(cls, md: Mapping[str, Any]) -> type[Decoder]:
@@ -173,25 +190,48 @@ class Decoder:
         return hp
 
     @classmethod
+    def with_layers(cls, md: Mapping[str, Any], hp: HParams) -> HParams:
+        """The hyper-parameters with what :meth:`layer_hparams` reads from the file's
+        per-layer keys (gemma4: which layers are local)."""
+        return hp
+
+    @classmethod
     def check(cls, md: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]) -> HParams:
         """The file's hyper-parameters, after checking its tensors against the declarations
         (before any weight is read)."""
         if cls.variant(md) is not cls:
             return cls.variant(md).check(md, shapes)
         hp = cls.derived(read_hparams(cls.arch, md, shapes, cls.params, cls.has_attention))
+        hp = cls.with_layers(md, hp)
         per_layer = hp.extra.get("kv_heads_per_layer")
-        if per_layer is not None and not cls.per_layer_kv_heads:
+        varying = per_layer is not None and len({h for h in per_layer if h}) > 1
+        if (per_layer is not None and not cls.per_layer_kv_heads) or (
+            varying and not cls.varying_kv_heads
+        ):
             raise ModelError(
                 f"per-layer values {sorted(set(per_layer))} are not supported (key "
                 f"'{cls.arch}.attention.head_count_kv')"
+            )
+        if "ff_per_layer" in hp.extra and not cls.per_layer_ff:
+            raise ModelError(
+                f"per-layer values {sorted(set(hp.extra['ff_per_layer']))} are not supported "
+                f"(key '{cls.arch}.feed_forward_length')"
+            )
+        if "ff_per_layer" in hp.extra and len(hp.extra["ff_per_layer"]) != hp.n_layer:
+            raise ModelError(
+                f"'{cls.arch}.feed_forward_length' has {len(hp.extra['ff_per_layer'])} entries "
+                f"for {hp.n_layer} layers"
             )
         if per_layer is not None and len(per_layer) != hp.n_layer:
             raise ModelError(
                 f"'{cls.arch}.attention.head_count_kv' has {len(per_layer)} entries for "
                 f"{hp.n_layer} layers"
             )
-        check_tensors(cls.arch, hp, cls.tensors, shapes, cls.unsupported)
-        cls.check_heads(hp)
+        check_tensors(
+            cls.arch, hp, cls.tensors, shapes, cls.unsupported, lambda i: cls.layer_hparams(hp, i)
+        )
+        for lhp in {hp, *(cls.layer_hparams(hp, il) for il in range(hp.n_layer))}:
+            cls.check_heads(lhp)
         return hp
 
     @classmethod
@@ -230,7 +270,10 @@ class Decoder:
         hp = cls.check(md, {t.name: t.shape for t in mf.tensors})
         store = WeightStore()
         glob = _read(cls.tensors, mf, store, source, hp, None)
-        blk = [Layer(_read(cls.tensors, mf, store, source, hp, i)) for i in range(hp.n_layer)]
+        blk = [
+            Layer(_read(cls.tensors, mf, store, source, cls.layer_hparams(hp, i), i))
+            for i in range(hp.n_layer)
+        ]
         for m, _ in store.matrices:
             qk = traits.get(m.type, tensor=m.name).qk
             if m.ncols % qk:
@@ -276,6 +319,11 @@ class Decoder:
         self.n_swa = hparams.n_swa if any(swa) else 0
         self.layer_swa = swa
         self.layer_rec = tuple(self.layer_recurrent(il) for il in range(hparams.n_layer))
+        # the layers with KV cache rows of their own (the others attend an earlier one's)
+        self.kv_layers = tuple(il for il in range(hparams.n_layer) if self.kv_source(il) == il)
+        self.kv_layer_swa = tuple(swa[il] for il in self.kv_layers)
+        # (KV heads, head size) of the cache of the global layers and of the local ones
+        self.kv_geometry = tuple(self._geometry(local) for local in (False, True))
         self.rope_swa = self.rope_swa_params(md, rope)
         self.backend = be
         self.forward_kernel = be.forward_kernel(self.block)
@@ -302,24 +350,18 @@ class Decoder:
             row["index"] = il
             # the layer's place among the layers of its kind: its layer in the memory that
             # holds that kind (engine.iswa: global and sliding-window layers apart;
-            # engine.recurrent: attention and recurrent layers apart)
+            # engine.recurrent: attention and recurrent layers apart); a layer reading an
+            # earlier layer's KV has that layer's place
             kinds = list(zip(self.layer_swa, self.layer_rec, strict=True))
-            row["kv_index"] = kinds[:il].count(kinds[il])
+            src = self.kv_source(il)
+            row["kv_index"] = [kinds[j] for j in self.kv_layers if j < src].count(kinds[src])
+            row["kv_shared"] = int(src != il)
             row["last"] = int(il == hp.n_layer - 1)
         self.layer_table = lt
-        kq_scale, q_scale = self.attention_scales()
-        m = np.zeros(1, stages.MODEL_DTYPE)
-        m[0] = (
-            hp.n_embd, hp.n_head, hp.n_head_kv, hp.n_embd_head_k, hp.n_ff, hp.n_vocab,
-            hp.n_layer, hp.n_rot, self.token_embd.index, self.output.index,
-            self.output_norm.offset, act_need([self.output.type]), hp.extra.get("n_expert", 0),
-            hp.extra.get("n_expert_used", 0), hp.extra.get("n_ff_exp", 0),
-            int(self.expert_weights_norm), self.expert_gating, self.expert_act,
-            *(hp.extra.get(k, 0) for k in SSM_KEYS), hp.norm_rms_eps, kq_scale, q_scale,
-            self.embd_scale(), self.logit_softcap(), self.expert_weights_scale,
-            self.attn_logit_softcap(), *(hp.extra.get(k, 0) for k in MLA_KEYS),
-            self.residual_scale(), self.logit_scale(),
-        )  # fmt: skip
+        # one row per layer: the model's sizes with the layer's own geometry
+        m = np.zeros(max(1, hp.n_layer), stages.MODEL_DTYPE)
+        for il in range(len(m)):
+            m[il] = self._model_row(self.layer_hparams(hp, il) if hp.n_layer else hp)
         self.model_row = m
         self.rope_arr = np.stack([self.rope.packed(), self.rope_swa.packed()])
         self.freqs_arr = (
@@ -328,13 +370,41 @@ class Decoder:
             else np.ascontiguousarray(self.rope_freqs, np.float32)
         )
 
+    def _geometry(self, local: bool) -> tuple[int, int]:
+        """(KV heads, head size) of the first layer of that kind with a cache of its own
+        (the model's when none)."""
+        hp = self.hparams
+        il = next((j for j in self.kv_layers if self.layer_swa[j] == local), None)
+        lhp = hp if il is None else self.layer_hparams(hp, il)
+        return lhp.n_head_kv, lhp.n_embd_head_k
+
+    def _model_row(self, hp: HParams) -> tuple:
+        """A row of the model table (``stages.MODEL_DTYPE``) for a layer of geometry ``hp``."""
+        kq_scale, q_scale = self.attention_scales()
+        return (
+            hp.n_embd, hp.n_head, hp.n_head_kv, hp.n_embd_head_k, hp.n_ff, hp.n_vocab,
+            hp.n_layer, hp.n_rot, self.token_embd.index, self.output.index,
+            self.output_norm.offset, act_need([self.output.type]), hp.extra.get("n_expert", 0),
+            hp.extra.get("n_expert_used", 0), hp.extra.get("n_ff_exp", 0),
+            int(self.expert_weights_norm), self.expert_gating, self.expert_act,
+            *(hp.extra.get(k, 0) for k in SSM_KEYS), hp.norm_rms_eps, kq_scale, q_scale,
+            self.embd_scale(), self.logit_softcap(), self.expert_weights_scale,
+            self.attn_logit_softcap(), *(hp.extra.get(k, 0) for k in MLA_KEYS),
+            self.residual_scale(), self.logit_scale(), *self.model_extra(),
+        )  # fmt: skip
+
+    def model_extra(self) -> tuple:
+        """The model table's last fields: the per-layer embeddings' sizes and global tensors
+        (gemma4; zeros and NONE: none)."""
+        return (0, stages.NONE, stages.NONE, stages.NONE, 0)
+
     @property
     def rope_layers(self) -> list[RopeParams]:
-        """The rope of each layer (what a K-shift re-ropes the layer's keys with; a NoPE
-        layer's keys are not moved)."""
+        """The rope of each layer with KV cache rows of its own (what a K-shift re-ropes the
+        layer's keys with; a NoPE layer's keys are not moved)."""
         return [
-            (self.rope_swa if s else self.rope) if self.layer_rope(il) else None
-            for il, s in enumerate(self.layer_swa)
+            (self.rope_swa if self.layer_swa[il] else self.rope) if self.layer_rope(il) else None
+            for il in self.kv_layers
         ]
 
     def use_all_kernels(self) -> None:
@@ -435,6 +505,8 @@ NEEDS = {
     "need_out": ("attn_output", "ssm_out"),
     "need_ffn": ("ffn_gate", "ffn_up", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps"),
     "need_down": ("ffn_down", "ffn_down_exps"),
+    "need_ple_gate": ("inp_gate",),
+    "need_ple_proj": ("proj",),
 }
 
 
@@ -499,8 +571,12 @@ class Workspace:
 
     def __init__(self, hp: HParams, n_tokens: int, n_threads: int) -> None:
         x = hp.extra
-        e, d = hp.n_embd, hp.n_embd_head_k
+        # (gemma4: the local layers' head size may be the larger; per-layer inputs of
+        # n_layer * n_pl kept after n_embd in X, computed in XN and U)
+        e, d = hp.n_embd, max(hp.n_embd_head_k, x.get("head_k_swa", 0))
+        ple = hp.n_layer * x.get("n_embd_per_layer", 0)
         f = max(hp.n_ff, x.get("n_ff_exp", 0), x.get("n_ff_shexp", 0), x.get("n_expert", 0))
+        f = max(f, ple)
         qd, kvd = hp.n_head * d, hp.n_head_kv * d
         # latent attention: q's low-rank rows; group scores (thread rows of head size)
         f = max(f, x.get("n_lora_q", 0))
@@ -516,7 +592,7 @@ class Workspace:
         n_used = max(1, hp.extra.get("n_expert_used", 0))
         z = lazy_zeros
         self.n_tokens, self.n_threads = n_tokens, n_threads
-        self.x = z((n_tokens, e), np.float32)
+        self.x = z((n_tokens, e + ple), np.float32)
         # (Mamba-2: x | B | C; qwen3next's fused ssm_in: q | k | v | z per key head)
         self.xn = z(
             (n_tokens, max(kmax, channels, _pad16(hp.extra.get("qkvz_width", 0)))), np.float32
@@ -543,8 +619,10 @@ class Workspace:
         self.x_private = z((n_threads, kmax), np.float32)
         self.logits = z((1, _pad16(hp.n_vocab)), np.float32)
         nt, n_head, tile = n_threads, hp.n_head, TILE
+        kv_heads = [h for h in x.get("kv_heads_per_layer", ()) if h] or [hp.n_head_kv]
+        gqa = n_head // max(1, min(kv_heads))
         self.thread = (
-            z((nt, max(2, hp.n_rot)), np.float32),  # rope cache
+            z((nt, max(2, hp.n_rot, x.get("n_rot_swa", 0))), np.float32),  # rope cache
             z((nt, d), np.float32),  # query in the K dot type
             z((nt, d), np.int32),  # query quantized (q8_0 K cache)
             z((nt, max(d, 48)), np.float32),  # V row (and the K dot's scratch, kv_rows)
@@ -552,9 +630,7 @@ class Workspace:
             z((nt, d, tile), np.float32),  # K tile (transposed)
             z((nt, tile, d), np.float32),  # V tile
             z((nt, 2 * tile), np.float32),  # tile scores of two query rows
-            z(
-                (nt, 128 * (n_head // max(1, hp.n_head_kv))), np.float32
-            ),  # softmax states of a block
+            z((nt, 128 * gqa), np.float32),  # softmax states of a block
             z((n_head, nt), np.float32),  # split partials: M
             z((n_head, nt), np.float32),  # S
             z((n_head, nt, d), np.float32),  # VKQ

@@ -88,6 +88,7 @@ class Pass:
     beta: np.ndarray | None = None
     decay: np.ndarray | None = None
     states: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    ple: np.ndarray | None = None  # [n, n_layer * n_pl] per-layer inputs (gemma4)
 
 
 class Reference:
@@ -144,25 +145,27 @@ class Reference:
         """Logits ``[n_out, n_vocab]`` of the ubatch; writes the ubatch's K/V into ``kv``."""
         M, model = self.M, self.model
         kc, vc, kcs, vcs, info = kv
-        k_type, v_type, rowb, n_ctx, n_ctx_swa = (int(v) for v in info[:5])
-        hk = int(M["n_head_kv"])  # flat caches -> [layer, head, cell]
+        k_type, v_type, rowb, n_ctx, n_ctx_swa, rowb_swa = (int(v) for v in info[:6])
+        # flat caches -> [layer, head, cell] (each part with its own KV heads)
+        (hk, _), (hk_swa, _) = getattr(model, "kv_geometry", ((int(M["n_head_kv"]), 0),) * 2)
         glob = Part(_cells(kc, hk, n_ctx, rowb), _cells(vc, hk, n_ctx, rowb),
                     ub.cells, ub.mask, ub.n_kv, ub.mode, ub.order)  # fmt: skip
         win, states = glob, None
         if ub.rows is not None:  # a hybrid memory: the second pair holds the states
-            n_rec, n_seq, conv_size, ssm_size = (int(v) for v in info[5:9])
+            n_rec, n_seq, conv_size, ssm_size = (int(v) for v in info[6:10])
             states = (kcs.view(_F32).reshape(n_rec, n_seq, conv_size),
                       vcs.view(_F32).reshape(n_rec, n_seq, ssm_size), ub.rows)  # fmt: skip
         elif ub.cells_swa is not None:
-            win = Part(kcs.reshape(-1, hk, n_ctx_swa, rowb), vcs.reshape(-1, hk, n_ctx_swa, rowb),
-                       ub.cells_swa, ub.mask_swa, ub.n_kv_swa, ub.mode_swa,
-                       ub.order_swa)  # fmt: skip
+            win = Part(_cells(kcs, hk_swa, n_ctx_swa, rowb_swa),
+                       _cells(vcs, hk_swa, n_ctx_swa, rowb_swa), ub.cells_swa, ub.mask_swa,
+                       ub.n_kv_swa, ub.mode_swa, ub.order_swa)  # fmt: skip
         p = Pass(
             ub, n_threads, (glob, win), k_type, v_type,
             np.asarray(model.rope_factors(n_ctx), _F32), embed(self, ub.tokens),
             states=states,
         )  # fmt: skip
         for L in model.layer_table[: M["n_layer"]]:
+            self.M = model.model_row[int(L["index"])]  # (the layer's geometry)
             for fn in self.stages:
                 fn(self, p, L)
         return head(self, p)
@@ -247,8 +250,12 @@ def attn_in(r: Reference, p: Pass, L) -> None:
 
 
 def qkv(r: Reference, p: Pass, L) -> None:
-    """``q, k, v = h . attn_q, h . attn_k, h . attn_v``."""
-    p.q, p.k, p.v = (r.mm(L[name], p.h) for name in ("attn_q", "attn_k", "attn_v"))
+    """``q, k, v = h . attn_q, h . attn_k, h . attn_v`` (k, v only in a layer with KV of its
+    own, v only with ``attn_v``)."""
+    p.q = r.mm(L["attn_q"], p.h)
+    if L["kv_shared"] == 0:
+        p.k = r.mm(L["attn_k"], p.h)
+        p.v = r.mm(L["attn_v"], p.h) if L["attn_v"] >= 0 else None
 
 
 def qkv_bias(r: Reference, p: Pass, L) -> None:
@@ -263,11 +270,17 @@ def qk_norm(r: Reference, p: Pass, L) -> None:
     """Per-head ``rms_norm(q_h) * attn_q_norm``, ``rms_norm(k_h) * attn_k_norm``."""
     d = int(r.M["head_dim"])
     p.q = r.norm(_heads(p.q, d), L["attn_q_norm"]).reshape(p.q.shape)
-    p.k = r.norm(_heads(p.k, d), L["attn_k_norm"]).reshape(p.k.shape)
+    if L["kv_shared"] == 0:
+        p.k = r.norm(_heads(p.k, d), L["attn_k_norm"]).reshape(p.k.shape)
 
 
 def v_norm(r: Reference, p: Pass, L) -> None:
-    """Per-head ``rms_norm(v_h)``, no weight."""
+    """Per-head ``rms_norm(v_h)``, no weight (without ``attn_v``: of the keys before their
+    norm and rope); nothing in a layer reading an earlier layer's KV."""
+    if L["kv_shared"] != 0:
+        return
+    if L["attn_v"] < 0:
+        p.v = p.k.copy()
     d = int(r.M["head_dim"])
     p.v = rms_norm_numpy(_heads(p.v, d), np.ones(d, _F32), r.M["eps"]).reshape(p.v.shape)
 
@@ -290,7 +303,7 @@ def rope(r: Reference, p: Pass, L) -> None:
         return
     d, model = int(r.M["head_dim"]), r.model
     params = model.rope_swa if L["swa"] != 0 else model.rope
-    for field in ("q", "k"):
+    for field in ("q", "k") if L["kv_shared"] == 0 else ("q",):
         a = getattr(p, field)
         setattr(p, field, rope_numpy(_heads(a, d), p.ub.pos, params, p.factors).reshape(a.shape))
 
@@ -305,6 +318,9 @@ def kv_store(r: Reference, p: Pass, L) -> None:
     kind's cache; a quantized cache holds q, k and v rotated)."""
     d, li, part = int(r.M["head_dim"]), int(L["kv_index"]), p.parts[int(L["swa"] != 0)]
     rk, rv = rotations(p.k_type, p.v_type, d)
+    if L["kv_shared"] != 0:  # (an earlier layer's KV: nothing stored, q rotated alike)
+        p.q = fwht_numpy(p.q, rk) if rk else p.q
+        return
     if rk:
         p.q, p.k = fwht_numpy(p.q, rk), fwht_numpy(p.k, rk)
     if rv:
@@ -352,6 +368,29 @@ def out_proj_bias(r: Reference, p: Pass, L) -> None:
     """``x += att . attn_output + attn_output.bias``."""
     o = r.mm(L["attn_output"], p.att)
     p.x = p.x + (o + r.bias(L["attn_output_bias"], o.shape[1]))
+
+
+def ple_inputs(r: Reference, p: Pass, L) -> None:
+    """First layer: the per-layer inputs ``(rms_norm(x . per_layer_model_proj / sqrt(n_embd))
+    * per_layer_proj_norm + per_layer_token_embd[token] * sqrt(n_pl)) / sqrt(2)``."""
+    M = r.M
+    npl, nl, e = int(M["n_embd_pl"]), int(M["n_layer"]), int(M["n_embd"])
+    if L["index"] != 0 or npl == 0:
+        return
+    proj = r.mm(int(M["per_layer_model_proj"]), p.x) * (_F32(1.0) / np.sqrt(_F32(e)))
+    normed = rms_norm_numpy(_heads(proj, npl), r.vec(int(M["per_layer_proj_norm"]), npl), M["eps"])
+    tok = r.w(int(M["per_layer_token_embd"]))[p.ub.tokens] * np.sqrt(_F32(npl))
+    inv_2 = _F32(1.0) / np.sqrt(_F32(2.0))
+    p.ple = ((normed.reshape(len(proj), nl * npl) + tok) * inv_2).astype(_F32)
+
+
+def ple_residual(r: Reference, p: Pass, L) -> None:
+    """``x += rms_norm((gelu(x . inp_gate) * the layer's inputs) . proj) * post_norm``."""
+    if L["inp_gate"] < 0:
+        return
+    npl, il = int(r.M["n_embd_pl"]), int(L["index"])
+    g = geglu_numpy(r.mm(L["inp_gate"], p.x), p.ple[:, il * npl : (il + 1) * npl])
+    p.x = p.x + r.norm(r.mm(L["proj"], g), L["post_norm"])
 
 
 def out_rows(r: Reference, p: Pass, L) -> None:
@@ -887,6 +926,8 @@ STAGES: dict[str, Stage] = {
         mamba2_scan,
         mamba2_out,
         layer_scale,
+        ple_inputs,
+        ple_residual,
         ffn_router_in,
         ffn_pre_norm_2,
         ffn_down_post_norms,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -157,9 +157,11 @@ def check_tensors(
     decls: tuple[Tensor | Fused, ...],
     shapes: Mapping[str, tuple[int, ...]],
     unsupported: tuple[str, ...] = (),
+    layer_hp: Callable[[int], HParams] | None = None,
 ) -> None:
     """Every declared tensor the file needs exists with the shape the hyper-parameters
-    imply; a tensor of a variant not supported is refused by name."""
+    imply (a layer's tensors: ``layer_hp(i)``'s, when given); a tensor of a variant not
+    supported is refused by name."""
     for name in shapes:
         if any(name.endswith(s) for s in unsupported):
             raise ModelError(f"tensor {name!r}: this {arch} variant is not supported yet")
@@ -169,19 +171,20 @@ def check_tensors(
     for d in fused_first:
         for i in layers if d.per_layer else (None,):
             name = d.name.format(i=i)
+            hp_i = layer_hp(i) if layer_hp is not None and i is not None else hp
             got = shapes.get(name)
             if isinstance(d, Fused):
                 if got is None:
                     if d.required:
                         raise ModelError(f"tensor {name!r} is missing (required by {arch})")
                     continue
-                parts = [shape_of(hp, by_field[f]) for f in d.into]
+                parts = [shape_of(hp_i, by_field[f]) for f in d.into]
                 want = (parts[0][0], sum(p[1] for p in parts), *parts[0][2:])
             else:
                 fused = _fused_for(decls, d.field, i, shapes)
                 if fused is not None:
                     continue  # provided by a fused tensor
-                want = shape_of(hp, d)
+                want = shape_of(hp_i, d)
                 if got is None:
                     if d.optional:
                         continue
@@ -189,8 +192,8 @@ def check_tensors(
             if _ne(got) != _ne(want):
                 raise ModelError(
                     f"tensor {name!r} has shape {tuple(got)}, expected {want} from the "
-                    f"hyper-parameters (n_embd={hp.n_embd}, n_head={hp.n_head}, "
-                    f"n_head_kv={hp.n_head_kv}, n_ff={hp.n_ff}, n_vocab={hp.n_vocab})"
+                    f"hyper-parameters (n_embd={hp_i.n_embd}, n_head={hp_i.n_head}, "
+                    f"n_head_kv={hp_i.n_head_kv}, n_ff={hp_i.n_ff}, n_vocab={hp_i.n_vocab})"
                 )
 
 

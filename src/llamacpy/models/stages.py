@@ -70,6 +70,9 @@ NONE = -1  # a matrix index / vector offset of a tensor the layer does not have
 # (ops.matmul.act_need); swa: sliding-window layer; recurrent: a recurrent layer; rope:
 # keys and queries are rotated; index: the layer's number; kv_index: its layer in the
 # memory of its kind (global, sliding-window or recurrent); last: 1 in the last layer.
+# The model table has a row per layer: the model's sizes with the layer's own geometry
+# (head size, KV heads, rope dimensions, FFN size: gemma4's local and global layers); the
+# worker's context carries the row of the layer it runs (``at_layer``).
 LAYER_DTYPE = np.dtype(
     [
         (name, np.int64)
@@ -128,6 +131,9 @@ LAYER_DTYPE = np.dtype(
             "pre_ffw_norm_2",  # the experts' input norm and the output norms of the dense
             "post_ffw_norm_1",  # FFN (1) and of the experts (2)
             "post_ffw_norm_2",
+            "inp_gate",  # gemma4's per-layer embeddings: the gate of the layer's input, its
+            "proj",  # projection back to n_embd and that output's norm
+            "post_norm",
             "need_qkv",
             "need_out",
             "need_ffn",
@@ -135,12 +141,15 @@ LAYER_DTYPE = np.dtype(
             "need_q_b",  # multi-head latent attention: the inputs of attn_q_b, attn_k_b,
             "need_k_b",  # attn_v_b
             "need_v_b",
+            "need_ple_gate",  # per-layer embeddings: the inputs of inp_gate, proj
+            "need_ple_proj",
             "swa",
             "recurrent",  # a recurrent layer (state rows instead of KV cells)
             "moe",  # the layer's FFN is a mixture of experts (its router exists)
             "rope",
             "index",
             "kv_index",
+            "kv_shared",  # 1: the layer attends an earlier layer's KV (at its kv_index)
             "last",
         )
     ]
@@ -186,6 +195,11 @@ MODEL_DTYPE = np.dtype(
         ("head_v_mla", np.int64),  # a head's value size after attn_v_b
         ("residual_scale", np.float32),  # a block's outputs times this before the residual
         ("logit_scale", np.float32),  # logits are multiplied by this (granite: 1 / scale)
+        ("n_embd_pl", np.int64),  # gemma4's per-layer embeddings (0: none): their size,
+        ("per_layer_token_embd", np.int64),  # the table of each token's (all layers'),
+        ("per_layer_model_proj", np.int64),  # the projection of the token embedding,
+        ("per_layer_proj_norm", np.int64),  # its norm per layer,
+        ("need_ple", np.int64),  # and the activation kind of that projection's input
     ]
 )
 # Per worker: rows the stages work on (the last layer's FFN runs on the output rows only)
@@ -201,8 +215,9 @@ STATE_DTYPE = np.dtype([("n_rows", np.int64)] + [
 # logits; TS per-thread attention scratch; prof cycles per stage; IM the importance-matrix
 # sums (the im_* stages; one row otherwise).
 # The KV cache a layer kind uses (global, sliding-window): flat K and V cells, the cell of
-# each token, the mask, the cells attended, the attention kernel, the bytes between heads.
-KVPart = namedtuple("KVPart", "KC VC cells mask n_kv mode hstride order")
+# each token, the mask, the cells attended, the attention kernel, the bytes between heads,
+# the order of the cells, the bytes of a row (each part has its own head size: gemma4).
+KVPart = namedtuple("KVPart", "KC VC cells mask n_kv mode hstride order rowb")
 Ctx = namedtuple(
     "Ctx",
     "fmask tid nth M W WD NF RP FF tokens pos out_idx n_tok n_out kv kv_swa k_type v_type "
@@ -242,15 +257,27 @@ def context(fmask, tid, nth, MA, WT, UB, KV, S, STATE, bar):
     tokens, pos, cells, cells_swa, mask, mask_swa, out_idx, ui, order, order_swa = UB
     KC, VC, KCs, VCs, kvi = KV
     X, XN, Q, KN, VN, ATT, G, U, RL, SEL, WTS, EO, ER, A, AP, XP, LOG, TS, prof, IM = S
-    rowb = kvi[2]
+    rowb, rowb_swa = kvi[2], kvi[5]
     st = STATE[tid]
     st.n_rows = ui[0]
     return Ctx(
         fmask, tid, nth, MA[0], W, WD, NF, RP, FF, tokens, pos, out_idx, ui[0], ui[3],
-        KVPart(KC, VC, cells, mask, ui[1], ui[2], kvi[3] * rowb, order),
-        KVPart(KCs, VCs, cells_swa, mask_swa, ui[4], ui[5], kvi[4] * rowb, order_swa),
+        KVPart(KC, VC, cells, mask, ui[1], ui[2], kvi[3] * rowb, order, rowb),
+        KVPart(KCs, VCs, cells_swa, mask_swa, ui[4], ui[5], kvi[4] * rowb_swa, order_swa,
+               rowb_swa),
         kvi[0], kvi[1], rowb, kvi, X, XN, Q, KN, VN, ATT, G, U, RL, SEL, WTS, EO, ER, A, AP, XP, LOG,
         TS, prof, IM, bar, st,
+    )  # fmt: skip
+
+
+@njit(cache=True, inline="always")
+def at_layer(c, MA, il):
+    """The context ``c`` with the model row of layer ``il`` (its geometry)."""
+    return Ctx(
+        c.fmask, c.tid, c.nth, MA[il], c.W, c.WD, c.NF, c.RP, c.FF, c.tokens, c.pos,
+        c.out_idx, c.n_tok, c.n_out, c.kv, c.kv_swa, c.k_type, c.v_type, c.rowb, c.kvi, c.X,
+        c.XN, c.Q, c.KN, c.VN, c.ATT, c.G, c.U, c.RL, c.SEL, c.WTS, c.EO, c.ER, c.A, c.AP,
+        c.XP, c.LOG, c.TS, c.prof, c.IM, c.bar, c.st,
     )  # fmt: skip
 
 
@@ -368,10 +395,13 @@ def attn_in(c, L, clk):
 
 @njit(cache=True)
 def qkv(c, L, clk):
-    """``q, k, v = h . attn_q, h . attn_k, h . attn_v``."""
+    """``q, k, v = h . attn_q, h . attn_k, h . attn_v`` (k and v only in a layer with KV of
+    its own; v only when the layer has ``attn_v``: see ``v_norm``)."""
     _mm(c, L.attn_q, c.Q, False)
-    _mm(c, L.attn_k, c.KN, False)
-    _mm(c, L.attn_v, c.VN, False)
+    if L.kv_shared == 0:
+        _mm(c, L.attn_k, c.KN, False)
+        if L.attn_v >= 0:
+            _mm(c, L.attn_v, c.VN, False)
     return _sync(c, tick(c.prof, c.tid, P_QKV, clk))
 
 
@@ -397,22 +427,31 @@ def qkv_bias(c, L, clk):
 
 @njit(cache=True)
 def qk_norm(c, L, clk):
-    """Per-head ``rms_norm(q_h) * attn_q_norm``, ``rms_norm(k_h) * attn_k_norm``."""
+    """Per-head ``rms_norm(q_h) * attn_q_norm``, ``rms_norm(k_h) * attn_k_norm`` (k only in
+    a layer with KV of its own)."""
     M = c.M
     hd, qn, kn = M.head_dim, L.attn_q_norm, L.attn_k_norm
     t0, t1 = _token_rows(c)
     for t in range(t0, t1):
         head_rms_norm(c.Q, t, 0, M.n_head, hd, c.NF[qn : qn + hd], M.eps)
-        head_rms_norm(c.KN, t, 0, M.n_head_kv, hd, c.NF[kn : kn + hd], M.eps)
+        if L.kv_shared == 0:
+            head_rms_norm(c.KN, t, 0, M.n_head_kv, hd, c.NF[kn : kn + hd], M.eps)
     return clk
 
 
 @njit(cache=True)
 def v_norm(c, L, clk):
-    """Per-head ``rms_norm(v_h)`` without a weight (gemma4)."""
+    """Per-head ``rms_norm(v_h)`` without a weight (gemma4); a layer without ``attn_v``
+    takes its values from its keys before their norm and rope (``v = h . attn_k``: runs
+    before ``qk_norm``); nothing in a layer reading an earlier layer's KV."""
     M = c.M
+    if L.kv_shared != 0:
+        return clk
+    kvd = M.n_head_kv * M.head_dim
     t0, t1 = _token_rows(c)
     for t in range(t0, t1):
+        if L.attn_v < 0:
+            c.VN[t, :kvd] = c.KN[t, :kvd]
         head_rms_norm_plain(c.VN, t, 0, M.n_head_kv, M.head_dim, M.eps)
     return clk
 
@@ -444,7 +483,8 @@ def rope(c, L, clk):
     for t in range(t0, t1):
         rope_cache(c.pos[t], rp, c.FF, rc)
         rope_apply(c.Q, t, 0, M.n_head, M.head_dim, rc, M.n_rot, neox)
-        rope_apply(c.KN, t, 0, M.n_head_kv, M.head_dim, rc, M.n_rot, neox)
+        if L.kv_shared == 0:
+            rope_apply(c.KN, t, 0, M.n_head_kv, M.head_dim, rc, M.n_rot, neox)
     return clk
 
 
@@ -462,20 +502,23 @@ def scale_q(c, L, clk):
 @njit(cache=True)
 def kv_store(c, L, clk):
     """Write k and v of each token into its cache cell (in the cache's type). A quantized
-    cache holds k (and q with it) and v rotated (see :mod:`..ops.attention`)."""
+    cache holds k (and q with it) and v rotated (see :mod:`..ops.attention`). A layer
+    reading an earlier layer's KV stores nothing (its q rotated like the keys it reads)."""
     M = c.M
     kv = c.kv_swa if L.swa != 0 else c.kv
     hd, base = M.head_dim, _layer_base(c, L, kv)
     rk, rv = k_rotation(c.k_type, hd), v_rotation(c.v_type, hd)
+    own = L.kv_shared == 0
     t0, t1 = _token_rows(c)
     for t in range(t0, t1):
         if rk:
             fwht(c.Q[t], 0, M.n_head * hd, rk)
-            fwht(c.KN[t], 0, M.n_head_kv * hd, rk)
-        if rv:
+            if own:
+                fwht(c.KN[t], 0, M.n_head_kv * hd, rk)
+        if rv and own:
             fwht(c.VN[t], 0, M.n_head_kv * hd, rv)
-        for h in range(M.n_head_kv):
-            o = base + h * kv.hstride + kv.cells[t] * c.rowb
+        for h in range(M.n_head_kv if own else 0):
+            o = base + h * kv.hstride + kv.cells[t] * kv.rowb
             store_row(c.KN[t], h * hd, hd, c.k_type, kv.KC, o)
             store_row(c.VN[t], h * hd, hd, c.v_type, kv.VC, o)
     return _sync(c, tick(c.prof, c.tid, P_ROPE, clk))
@@ -637,6 +680,57 @@ def layer_scale(c, L, clk):
         for i in range(n_embd):
             c.X[t, i] *= s
     return _sync(c, clk)
+
+
+@njit(cache=True)
+def ple_inputs(c, L, clk):
+    """gemma4's per-layer embeddings, in the first layer: each token's inputs of every
+    layer, ``(rms_norm(x . per_layer_model_proj / sqrt(n_embd)) * per_layer_proj_norm +
+    per_layer_token_embd[token] * sqrt(n_pl)) / sqrt(2)`` (the norm per layer's slice of
+    ``n_pl``), kept in ``X``'s columns after ``n_embd`` (layer ``l``'s at ``n_embd + l *
+    n_pl``)."""
+    if L.index != 0 or c.M.n_embd_pl == 0:
+        return clk
+    M = c.M
+    e, npl, emb, pn = M.n_embd, M.n_embd_pl, M.per_layer_token_embd, M.per_layer_proj_norm
+    w = M.n_layer * npl
+    clk = _quantize_in(c, c.X, e, M.need_ple, P_EMBD, clk)
+    _mm(c, M.per_layer_model_proj, c.XN, False)
+    clk = _sync(c, tick(c.prof, c.tid, P_EMBD, clk))
+    inv_e = np.float32(1.0) / np.sqrt(np.float32(e))
+    s_pl = np.sqrt(np.float32(npl))
+    inv_2 = np.float32(1.0) / np.sqrt(np.float32(2.0))
+    t0, t1 = _token_rows(c)
+    for t in range(t0, t1):
+        for i in range(w):
+            c.XN[t, i] *= inv_e
+        head_rms_norm(c.XN, t, 0, M.n_layer, npl, c.NF[pn : pn + npl], M.eps)
+        get_row_sel(c.fmask, c.W, c.WD[emb, 1], c.WD[emb, 0], w, c.tokens[t], c.U[t])
+        for i in range(w):
+            c.X[t, e + i] = (c.XN[t, i] + c.U[t, i] * s_pl) * inv_2
+    return _sync(c, tick(c.prof, c.tid, P_EMBD, clk))
+
+
+@njit(cache=True)
+def ple_residual(c, L, clk):
+    """gemma4's per-layer embeddings, after the FFN: ``x += rms_norm((gelu(x . inp_gate) *
+    inputs of the layer) . proj) * post_norm`` (``ple_inputs``), when the layer has them."""
+    if L.inp_gate < 0:
+        return clk
+    M = c.M
+    npl, n = M.n_embd_pl, c.st.n_rows
+    base = M.n_embd + L.index * npl
+    clk = _quantize_in(c, c.X, M.n_embd, L.need_ple_gate, P_NORM, clk)
+    _mm(c, L.inp_gate, c.G, False)
+    g0, g1 = split((npl + 15) // 16, c.tid, c.nth)  # the columns this thread wrote
+    c0, c1 = 16 * g0, min(16 * g1, npl)
+    for t in range(n):
+        for i in range(c0, c1):
+            c.U[t, i] = c.X[t, base + i]
+    geglu(c.G, c.U, 0, n, c0, c1, c.G)
+    clk = _sync(c, tick(c.prof, c.tid, P_FFN_UP, clk))
+    clk = _quantize_in(c, c.G, npl, L.need_ple_proj, P_FFN_DOWN, clk)
+    return _proj_residual(c, L.proj, L.post_norm, P_FFN_DOWN, clk)
 
 
 @njit(cache=True)
@@ -1027,7 +1121,7 @@ def mla_kv(c, L, clk):
         rope_apply(c.ATT, t, nope, H, hk, rc, nr, neox)
         rope_apply(c.KN, t, r, 1, hd, rc, nr, neox)
         rms_norm(c.KN, t, t + 1, r, w, M.eps, c.KN)
-        store_row(c.KN[t], 0, hd, c.k_type, kv.KC, base + kv.cells[t] * c.rowb)
+        store_row(c.KN[t], 0, hd, c.k_type, kv.KC, base + kv.cells[t] * kv.rowb)
         for h in range(H):
             for i in range(nr):
                 c.Q[t, h * hd + r + i] = c.ATT[t, h * hk + nope + i]
@@ -1064,7 +1158,7 @@ def mla_attention(c, L, clk):
     first ``n_lora_kv`` values the value (the output's last ``n_rot`` are not used): the V
     cache is the K cache (the engine stores no V for this layout)."""
     kv = c.kv
-    one = KVPart(kv.KC, kv.KC, kv.cells, kv.mask, kv.n_kv, kv.mode, kv.hstride, kv.order)
+    one = KVPart(kv.KC, kv.KC, kv.cells, kv.mask, kv.n_kv, kv.mode, kv.hstride, kv.order, kv.rowb)
     _attention(c, one, _layer_base(c, L, kv), c.M.n_head, c.NF[:0])
     return _sync(c, tick(c.prof, c.tid, P_ATTN, clk))
 
@@ -1168,7 +1262,7 @@ def _conv_channels(M):
 @njit(cache=True, inline="always")
 def _state_rows(c, L, part, size):
     """The layer's state rows, one of ``size`` floats per sequence (a float32 view)."""
-    n_seq = c.kvi[6]
+    n_seq = c.kvi[7]
     base = L.kv_index * n_seq * size
     return part.view(np.float32)[base : base + n_seq * size]
 
@@ -1224,7 +1318,7 @@ def _delta_net_conv(c, L, grouped, clk):
     alpha come fused in RL, per key head its ``r`` value heads' betas then their alphas."""
     M = c.M
     ch, taps, n = _conv_channels(M), M.ssm_d_conv, c.st.n_rows
-    state = _state_rows(c, L, c.kv_swa.KC, c.kvi[7]).reshape(c.kvi[6], ch, taps - 1)
+    state = _state_rows(c, L, c.kv_swa.KC, c.kvi[8]).reshape(c.kvi[7], ch, taps - 1)
     w = c.NF[L.ssm_conv1d : L.ssm_conv1d + ch * taps].reshape(ch, taps)
     g0, g1 = split(ch // 16, c.tid, c.nth)
     conv_bias_tokens(c.Q, 0, n, c.kv_swa.cells, state, w, c.NF[:0], c.Q, 16 * g0, 16 * g1)
@@ -1269,7 +1363,7 @@ def _delta_net_rule(c, L, grouped, clk):
     hk, sk, hv = M.ssm_n_group, M.ssm_d_state, M.ssm_dt_rank
     sv, kd = M.ssm_d_inner // hv, M.ssm_n_group * M.ssm_d_state
     r = hv // hk
-    S = _state_rows(c, L, c.kv_swa.VC, c.kvi[8]).reshape(c.kvi[6], hv, sv, sk)
+    S = _state_rows(c, L, c.kv_swa.VC, c.kvi[9]).reshape(c.kvi[7], hv, sv, sk)
     qn, kn = c.TS[1][c.tid], c.TS[3][c.tid]
     w = c.NF[L.ssm_norm : L.ssm_norm + sv]
     h0, h1 = split(hv, c.tid, c.nth)
@@ -1323,7 +1417,7 @@ def shortconv_conv(c, L, clk):
     (threads split the channels)."""
     M = c.M
     e, taps, n = M.n_embd, M.ssm_d_conv, c.st.n_rows
-    state = _state_rows(c, L, c.kv_swa.KC, c.kvi[7]).reshape(c.kvi[6], e, taps - 1)
+    state = _state_rows(c, L, c.kv_swa.KC, c.kvi[8]).reshape(c.kvi[7], e, taps - 1)
     w = c.NF[L.ssm_conv1d : L.ssm_conv1d + e * taps].reshape(e, taps)
     g0, g1 = split(e // 16, c.tid, c.nth)
     c0, c1 = 16 * g0, 16 * g1
@@ -1361,7 +1455,7 @@ def mamba2_conv(c, L, clk):
     over its state row (threads split the channels; granitehybrid's bias is optional)."""
     M = c.M
     ch, taps, n = _conv_channels(M), M.ssm_d_conv, c.st.n_rows
-    state = _state_rows(c, L, c.kv_swa.KC, c.kvi[7]).reshape(c.kvi[6], ch, taps - 1)
+    state = _state_rows(c, L, c.kv_swa.KC, c.kvi[8]).reshape(c.kvi[7], ch, taps - 1)
     w = c.NF[L.ssm_conv1d : L.ssm_conv1d + ch * taps].reshape(ch, taps)
     b = c.NF[L.ssm_conv1d_bias : L.ssm_conv1d_bias + ch] if L.ssm_conv1d_bias >= 0 else c.NF[:0]
     g0, g1 = split(ch // 16, c.tid, c.nth)
@@ -1378,7 +1472,7 @@ def mamba2_scan(c, L, clk):
     M = c.M
     ds, nh, ng, inner = M.ssm_d_state, M.ssm_dt_rank, M.ssm_n_group, M.ssm_d_inner
     hd = inner // nh
-    S = _state_rows(c, L, c.kv_swa.VC, c.kvi[8]).reshape(c.kvi[6], inner * ds)
+    S = _state_rows(c, L, c.kv_swa.VC, c.kvi[9]).reshape(c.kvi[7], inner * ds)
     dt0 = 2 * inner + 2 * ng * ds  # dt's column in Q
     h0, h1 = split(nh, c.tid, c.nth)
     for t in range(c.st.n_rows):
@@ -1568,7 +1662,7 @@ def _attention(c, kv, lbase, gqa, sinks):
             if t > 0:
                 barrier(c.bar, nth)  # the partials of row t - 1 are merged
             attention_split_partial(
-                tid, nth, kv.n_kv, M.n_head, gqa, hd, kq, c.k_type, c.v_type, c.rowb, c.Q,
+                tid, nth, kv.n_kv, M.n_head, gqa, hd, kq, c.k_type, c.v_type, kv.rowb, c.Q,
                 kv.KC, kv.VC, lbase, kv.hstride, kv.mask, kv.order, qv[tid], qq[tid],
                 vbuf[tid], res[tid], pm, ps, pv, sinks, t, cap,
             )  # fmt: skip
@@ -1576,13 +1670,13 @@ def _attention(c, kv, lbase, gqa, sinks):
             attention_split_merge(tid, nth, M.n_head, hd, pm, ps, pv, c.ATT, tmp[tid], t)
     elif kv.mode == MODE_ROWS:
         attention_rows(
-            tid, nth, c.n_tok, kv.n_kv, M.n_head, gqa, hd, kq, c.k_type, c.v_type, c.rowb,
+            tid, nth, c.n_tok, kv.n_kv, M.n_head, gqa, hd, kq, c.k_type, c.v_type, kv.rowb,
             c.Q, kv.KC, kv.VC, lbase, kv.hstride, kv.mask, kv.order, c.ATT, qv[tid], qq[tid],
             vbuf[tid], res[tid], sinks, cap,
         )  # fmt: skip
     else:
         attention_tiled(
-            tid, nth, c.n_tok, kv.n_kv, M.n_head, gqa, hd, kq, c.k_type, c.v_type, c.rowb, c.Q,
+            tid, nth, c.n_tok, kv.n_kv, M.n_head, gqa, hd, kq, c.k_type, c.v_type, kv.rowb, c.Q,
             kv.KC, kv.VC, lbase, kv.hstride, kv.mask, c.ATT, kt[tid], vt[tid], pt[tid], st[tid],
             sinks, cap,
         )  # fmt: skip

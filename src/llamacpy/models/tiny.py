@@ -74,11 +74,19 @@ TINY_ARCHS = (
     "llama", "qwen2", "qwen3", "phi3", "gemma3", "smollm3", "qwen3moe", "gpt-oss", "gemma2",
     "olmo2", "deepseek2", "gemma4",
 )  # fmt: skip
+# gemma4 files as released, tiny (see TINY_SHAPE): 31B's and E2B's layouts
+GEMMA4_31B = {"head_dim_swa": 32, "n_head_kv_global": 1, "v_from_k": 1}
+GEMMA4_E2B = {
+    "n_layer": 6, "head_dim_swa": 32, "n_kv_shared": 3, "n_embd_per_layer": 32,
+    "ff_shared_x2": 1,
+}  # fmt: skip
 # Variants of an architecture that run other stages: name -> (arch, builder options)
 TINY_VARIANTS: dict[str, tuple[str, dict]] = {
     "mixtral": ("llama", {"n_expert": 4}),
     "qwen3moe_router_f32": ("qwen3moe", {"router_f32": 1}),  # F32 router, quantized experts
     "gemma4_moe": ("gemma4", {"n_expert": 4, "n_ff_exp": 64}),  # a dense FFN beside experts
+    "gemma4_31b": ("gemma4", GEMMA4_31B),  # local heads of their own size, values from keys
+    "gemma4_e2b": ("gemma4", GEMMA4_E2B),  # shared KV layers, per-layer embeddings
 }
 # Cases compared with llama.cpp's logits and greedy text (tests/test_architectures.py,
 # fixtures from scripts/make_arch_fixtures.py): name -> (arch, builder options, n_ctx)
@@ -111,6 +119,12 @@ LLAMA_CPP_CASES: dict[str, tuple[str, dict, int]] = {
     "gemma4_moe": ("gemma4", {"n_expert": 4, "n_ff_exp": 64}, 64),
     # the experts' gate and up fused in ffn_gate_up_exps, as converted files have them
     "gemma4_moe_fused": ("gemma4", {"n_expert": 4, "n_ff_exp": 64, "gate_up_fused": 1}, 64),
+    # 31B's layout: local layers of head size 32 (global 64), the global one with 1 KV head
+    # and its values read from its keys (no attn_v)
+    "gemma4_31b": ("gemma4", GEMMA4_31B, 64),
+    # E2B's layout: 6 layers (local, local, global) x 2, the last 3 reading the KV of layers
+    # 1 (local) and 2 (global) with FFNs twice as wide, per-layer embeddings of 32
+    "gemma4_e2b": ("gemma4", GEMMA4_E2B, 64),
 }
 GEMMA2_SOFTCAPS = (1.0, 3.0)  # tiny gemma2: attention and final logit soft-caps
 GEMMA4_SWA = (True, True, False)  # tiny gemma4: its layers' sliding-window flags
@@ -132,6 +146,16 @@ TINY_SHAPE = {
     "experts_type": -1,  # the experts' ggml type (-1: weight_type)
     "head_dim": 0,  # attention.key_length (0: the architecture's tiny default)
     "gate_up_fused": 0,  # 1: the experts' gate and up in one ffn_gate_up_exps (gemma4)
+    # gemma4 as released: the local layers' head size (0: head_dim's), the global layers' KV
+    # heads (0: n_head_kv), 1: the global layers' values read from their keys (no attn_v),
+    # the last n_kv_shared layers reading earlier layers' KV, per-layer embeddings of this
+    # size, 1: those shared layers' FFN twice as wide (feed_forward_length per layer)
+    "head_dim_swa": 0,
+    "n_head_kv_global": 0,
+    "v_from_k": 0,
+    "n_kv_shared": 0,
+    "n_embd_per_layer": 0,
+    "ff_shared_x2": 0,
 }
 
 
@@ -218,9 +242,18 @@ def _add_hparams(w, a: str, s: dict, hd: int, rope: str, sliding_window: int, at
     w.add(f"{a}.context_length", s["n_ctx"], GGUFValueType.UINT32)
     w.add(f"{a}.embedding_length", s["n_embd"], GGUFValueType.UINT32)
     w.add(f"{a}.block_count", s["n_layer"], GGUFValueType.UINT32)
-    w.add(f"{a}.feed_forward_length", s["n_ff"], GGUFValueType.UINT32)
+    if s["ff_shared_x2"]:  # (gemma4: the shared KV layers' FFN twice as wide)
+        first = s["n_layer"] - s["n_kv_shared"]
+        ffs = [s["n_ff"] * (2 if i >= first else 1) for i in range(s["n_layer"])]
+        w.add(f"{a}.feed_forward_length", ffs, GGUFValueType.ARRAY, GGUFValueType.UINT32)
+    else:
+        w.add(f"{a}.feed_forward_length", s["n_ff"], GGUFValueType.UINT32)
     w.add(f"{a}.attention.head_count", s["n_head"], GGUFValueType.UINT32)
-    w.add(f"{a}.attention.head_count_kv", s["n_head_kv"], GGUFValueType.UINT32)
+    if s["n_head_kv_global"]:  # (gemma4: per layer, the global layers' own count)
+        kvs = [_gemma4_layer(s, hd, i)[1] for i in range(s["n_layer"])]
+        w.add(f"{a}.attention.head_count_kv", kvs, GGUFValueType.ARRAY, GGUFValueType.UINT32)
+    else:
+        w.add(f"{a}.attention.head_count_kv", s["n_head_kv"], GGUFValueType.UINT32)
     if s["n_expert"]:
         w.add(f"{a}.expert_count", s["n_expert"], GGUFValueType.UINT32)
         w.add(f"{a}.expert_used_count", s["n_expert_used"], GGUFValueType.UINT32)
@@ -262,12 +295,27 @@ def _add_gemma4_hparams(w, a: str, s: dict, hd: int) -> None:
     base, no shared KV layers, no per-layer embeddings, the final soft-cap."""
     swa = [GEMMA4_SWA[i % len(GEMMA4_SWA)] for i in range(s["n_layer"])]
     w.add(f"{a}.attention.sliding_window_pattern", swa, GGUFValueType.ARRAY, GGUFValueType.BOOL)
-    w.add(f"{a}.attention.key_length_swa", hd, GGUFValueType.UINT32)
-    w.add(f"{a}.attention.value_length_swa", hd, GGUFValueType.UINT32)
-    w.add(f"{a}.attention.shared_kv_layers", 0, GGUFValueType.UINT32)
-    w.add(f"{a}.embedding_length_per_layer_input", 0, GGUFValueType.UINT32)
+    hd_swa = s["head_dim_swa"] or hd
+    w.add(f"{a}.attention.key_length_swa", hd_swa, GGUFValueType.UINT32)
+    w.add(f"{a}.attention.value_length_swa", hd_swa, GGUFValueType.UINT32)
+    if s["head_dim_swa"]:
+        w.add(f"{a}.rope.dimension_count_swa", hd_swa, GGUFValueType.UINT32)
+    w.add(f"{a}.attention.shared_kv_layers", s["n_kv_shared"], GGUFValueType.UINT32)
+    npl = s["n_embd_per_layer"]
+    w.add(f"{a}.embedding_length_per_layer_input", npl, GGUFValueType.UINT32)
     w.add(f"{a}.rope.freq_base_swa", 1000.0, GGUFValueType.FLOAT32)
     w.add(f"{a}.final_logit_softcapping", GEMMA4_SOFTCAP, GGUFValueType.FLOAT32)
+
+
+def _gemma4_layer(s: dict, hd: int, il: int) -> tuple[int, int, bool, bool, int]:
+    """Layer ``il`` of a tiny gemma4: head size, KV heads, whether it has KV of its own,
+    whether it has ``attn_v``, FFN size."""
+    local = GEMMA4_SWA[il % len(GEMMA4_SWA)]
+    own = il < s["n_layer"] - s["n_kv_shared"]
+    hd_l = (s["head_dim_swa"] or hd) if local else hd
+    kvh = s["n_head_kv"] if local or not s["n_head_kv_global"] else s["n_head_kv_global"]
+    ff = s["n_ff"] * (2 if s["ff_shared_x2"] and not own else 1)
+    return hd_l, kvh, own, own and not (s["v_from_k"] and not local), ff
 
 
 def gemma4_rope_freqs(hd: int, rotated: float = 0.25) -> np.ndarray:
@@ -314,12 +362,17 @@ def _add_tensors(w, rng, t: GGMLType, arch: str, s: dict, hd: int, rope: str) ->
     mat, vec, norm = _writers(w, rng, t, e)
     mat("token_embd.weight", v, e)
     for i in range(s["n_layer"]):
-        _add_layer(f"blk.{i}.", arch, s, hd, mat, vec, norm, rng)
+        _add_layer(f"blk.{i}.", arch, s, hd, mat, vec, norm, rng, i)
     vec("output_norm.weight", norm())
     if arch != "gemma2":  # (gemma2: the output is token_embd; gemma4's may be, not here)
         mat("output.weight", v, e)
     if arch == "gemma4":
         vec("rope_freqs.weight", gemma4_rope_freqs(hd))
+    if arch == "gemma4" and s["n_embd_per_layer"]:  # per-layer embeddings (global tensors)
+        ple = s["n_layer"] * s["n_embd_per_layer"]
+        mat("per_layer_token_embd.weight", v, ple)
+        mat("per_layer_model_proj.weight", ple, e)
+        vec("per_layer_proj_norm.weight", norm(s["n_embd_per_layer"]))
     if rope == "llama3":
         vec("rope_freqs.weight", np.geomspace(1.0, 8.0, hd // 2).astype(np.float32))
     if arch == "phi3":
@@ -327,8 +380,12 @@ def _add_tensors(w, rng, t: GGMLType, arch: str, s: dict, hd: int, rope: str) ->
         vec("rope_factors_short.weight", np.geomspace(1.0, 1.5, hd // 2).astype(np.float32))
 
 
-def _add_layer(p: str, arch: str, s: dict, hd: int, mat, vec, norm, rng) -> None:
+def _add_layer(p: str, arch: str, s: dict, hd: int, mat, vec, norm, rng, il: int = 0) -> None:
     e, f = s["n_embd"], s["n_ff"]
+    own = has_v = True
+    if arch == "gemma4":  # (the layer's own geometry; shared KV layers: no k, v)
+        hd, kvh, own, has_v, f = _gemma4_layer(s, hd, il)
+        s = {**s, "n_head_kv": kvh}
     qd, kvd = hd * s["n_head"], hd * s["n_head_kv"]
     if arch != "olmo2":  # (olmo2: no pre-norms)
         vec(p + "attn_norm.weight", norm())
@@ -336,8 +393,10 @@ def _add_layer(p: str, arch: str, s: dict, hd: int, mat, vec, norm, rng) -> None
         mat(p + "attn_qkv.weight", qd + 2 * kvd, e)
     else:
         mat(p + "attn_q.weight", qd, e)
-        mat(p + "attn_k.weight", kvd, e)
-        mat(p + "attn_v.weight", kvd, e)
+        if own:
+            mat(p + "attn_k.weight", kvd, e)
+        if has_v:
+            mat(p + "attn_v.weight", kvd, e)
     if arch == "qwen2":  # biases of std 0.5: large enough to matter
         for name, n in (("attn_q", qd), ("attn_k", kvd), ("attn_v", kvd)):
             vec(p + name + ".bias", 10.0 * _normal(rng, n))
@@ -346,7 +405,8 @@ def _add_layer(p: str, arch: str, s: dict, hd: int, mat, vec, norm, rng) -> None
             vec(p + name + ".bias", _normal(rng, n))
     if arch in ("qwen3", "qwen3moe", "gemma3", "gemma4"):
         vec(p + "attn_q_norm.weight", norm(hd))
-        vec(p + "attn_k_norm.weight", norm(hd))
+        if own:
+            vec(p + "attn_k_norm.weight", norm(hd))
     if arch == "olmo2":  # over the whole projections
         vec(p + "attn_q_norm.weight", norm(qd))
         vec(p + "attn_k_norm.weight", norm(kvd))
@@ -371,6 +431,10 @@ def _add_layer(p: str, arch: str, s: dict, hd: int, mat, vec, norm, rng) -> None
         _add_gemma4_experts(p, s, mat, vec, norm, rng)
     if arch in ("gemma3", "gemma2", "olmo2", "gemma4"):
         vec(p + "post_ffw_norm.weight", norm())
+    if arch == "gemma4" and s["n_embd_per_layer"]:  # the layer's per-layer embedding
+        mat(p + "inp_gate.weight", s["n_embd_per_layer"], e)
+        mat(p + "proj.weight", e, s["n_embd_per_layer"])
+        vec(p + "post_norm.weight", norm())
     if arch == "gemma4":  # (in [0.5, 1.5])
         vec(p + "layer_output_scale.weight", 1.0 + 10.0 * _normal(rng, 1))
 
