@@ -165,3 +165,28 @@ def test_bench_depth_usage_errors(smollm2_path, capsys):
     assert "-fa 'maybe'" in capsys.readouterr().err
     assert cli.main(["bench", "-m", str(smollm2_path), "-d", "x"]) == 1
     assert "invalid number list" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "arch, n_layer, extra, want",
+    [
+        ("gemma3", 18, {}, "270M"),
+        ("gemma3", 62, {}, "27B"),
+        ("qwen3", 28, {"embedding_length": 1024}, "0.6B"),
+        ("qwen3", 28, {"embedding_length": 2048}, "1.7B"),
+        ("qwen3", 36, {"embedding_length": 2560}, "4B"),
+        ("qwen2", 24, {"embedding_length": 896}, "1B"),
+        ("qwen2", 40, {"attention.head_count": 20}, "4B"),
+        ("phi3", 32, {}, "3B"),
+        ("gemma3", 19, {}, "?B"),
+        ("olmo2", 16, {}, "?B"),
+    ],
+)
+def test_size_label_as_llama_cpp_types_the_model(arch, n_layer, extra, want) -> None:
+    """The label in ``llama_model_desc`` (bench's model column): llama.cpp's per-architecture
+    table from the layer count (and width or heads where it tells sizes apart)."""
+    from llamacpy.api.model import size_label
+
+    md = {"general.architecture": arch, f"{arch}.block_count": n_layer}
+    md.update({f"{arch}.{k}": v for k, v in extra.items()})
+    assert size_label(md) == want

@@ -87,6 +87,25 @@ def size_label(md: Mapping[str, Any]) -> str:
             )
             return "65B" if same else "70B"
         return _LLAMA_TYPES.get(n_layer, "?B")
+    n_embd = int(md.get(f"{arch}.embedding_length", 0) or 0)
+    if arch == "gemma3":  # src/models/<arch>.cpp: load_arch_hparams
+        return {18: "270M", 26: "1B", 32: "8B", 34: "4B", 48: "12B", 62: "27B"}.get(n_layer, "?B")
+    if arch == "qwen3":
+        if n_layer == 28:
+            return "0.6B" if n_embd == 1024 else "1.7B"
+        if n_layer == 36:
+            return "4B" if n_embd == 2560 else "8B"
+        return {40: "14B", 64: "32B"}.get(n_layer, "?B")
+    if arch == "qwen2":
+        if n_layer == 24:
+            return "0.5B" if n_embd == 1024 else "1B"
+        if n_layer == 28:
+            return "1.5B" if n_embd == 1536 else "7B"
+        if n_layer == 40:
+            return "4B" if int(md.get(f"{arch}.attention.head_count", 0) or 0) == 20 else "13B"
+        return {32: "7B", 36: "3B", 48: "14B", 64: "32B", 80: "70B"}.get(n_layer, "?B")
+    if arch == "phi3":
+        return {24: "1B", 32: "3B", 40: "14B"}.get(n_layer, "?B")
     if arch == "bert":  # llama_model_bert::load_arch_hparams
         if n_layer == 12:
             return {384: "33M", 768: "109M"}.get(int(md.get("bert.embedding_length", 0)), "?B")
