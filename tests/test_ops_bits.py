@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 import llamacpy.quants as Q
+from ggml_float import fma32 as _fma
+from ggml_float import hsum_float_8 as _hsum8
 from llamacpy.gguf import GGMLType
 from llamacpy.models.tiny import random_tensor
 from llamacpy.ops import formats
@@ -22,19 +24,6 @@ from llamacpy.quants.nvfp4 import UE4M3_HALF
 TYPES = [GGMLType.Q1_0, GGMLType.Q2_0, GGMLType.NVFP4]
 FIX = Path(__file__).parent / "fixtures" / "quants" / "q1_q2_nvfp4.npz"
 F32 = np.float32
-
-
-def _fma(a, b, c):
-    """float32 ``a * b + c`` rounded once (the product is exact in long double)."""
-    ld = np.longdouble
-    return (ld(a) * ld(b) + ld(c)).astype(F32)
-
-
-def _hsum8(a):
-    """ggml's hsum_float_8 over the last axis (8 lanes), float32."""
-    return ((a[..., 4] + a[..., 0]) + (a[..., 6] + a[..., 2])) + (
-        (a[..., 5] + a[..., 1]) + (a[..., 7] + a[..., 3])
-    )
 
 
 def _lanes(v, x):

@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ggml_float import fma32 as _fma
+from ggml_float import hsum_float_8 as _hsum8
 from llamacpy.gguf import GGMLType
 from llamacpy.models.tiny import random_tensor
 from llamacpy.ops import formats, traits
@@ -21,19 +23,6 @@ IQ1 = [GGMLType.IQ1_S, GGMLType.IQ1_M]
 TQ = [GGMLType.TQ1_0, GGMLType.TQ2_0]
 FACTOR = {GGMLType.IQ3_XXS: 0.25, GGMLType.IQ3_S: 1.0}  # the others (IQ2): 1/8
 F32 = np.float32
-
-
-def _fma(a, b, c):
-    """float32 ``a * b + c`` rounded once (the product is exact in long double)."""
-    ld = np.longdouble
-    return (ld(a) * ld(b) + ld(c)).astype(F32)
-
-
-def _hsum8(a):
-    """ggml's hsum_float_8 over the last axis (8 lanes), float32."""
-    return ((a[..., 4] + a[..., 0]) + (a[..., 6] + a[..., 2])) + (
-        (a[..., 5] + a[..., 1]) + (a[..., 7] + a[..., 3])
-    )
 
 
 def _integer_form(raw, t, nrows, ncols):
