@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..engine import Batch
-from ..engine.scheduler import CHECKPOINT_BACK, MAX_CHECKPOINTS
+from ..engine.scheduler import CHECKPOINT_BACK, add_checkpoint, latest_checkpoint
 from ..errors import LlamacpyError, UsageError
 
 # (input_ids int32 [n], logits float32 [n_vocab]) -> new logits
@@ -283,9 +283,9 @@ class Session:
         state goes back to its latest checkpoint at or before ``n``, else to none)."""
         if n < len(self.tokens):
             want, n = n, self.ctx.n_keep(0, n)
-            fit = [c for c in self.checkpoints if c[0] <= want] if n < want else []
-            if fit:
-                n = int(self.ctx.seq_restore(0, max(fit, key=lambda c: c[0])[1]))
+            snap = latest_checkpoint(self.checkpoints, want) if n < want else None
+            if snap is not None:
+                n = int(self.ctx.seq_restore(0, snap))
             else:
                 self.ctx.seq_rm(0, n, -1)
             del self.tokens[n:]
@@ -392,8 +392,7 @@ class Session:
             at = len(prompt) - CHECKPOINT_BACK
             if self._snapshots and at > len(self.tokens):  # as the server's slots do
                 self.decode(prompt[len(self.tokens) : at])
-                self.checkpoints.append((at, self.ctx.seq_snapshot(0)))
-                del self.checkpoints[:-MAX_CHECKPOINTS]
+                add_checkpoint(self.checkpoints, at, self.ctx.seq_snapshot(0))
             self.decode(prompt[len(self.tokens) :])
         return np.array(self.scores(0, len(prompt))) if prompt_logits else None
 

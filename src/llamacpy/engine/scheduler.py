@@ -49,6 +49,19 @@ CHECKPOINT_BACK = 8
 MAX_CHECKPOINTS = 2
 
 
+def latest_checkpoint(checkpoints: list[tuple[int, Any]], want: int) -> Any:
+    """The snapshot of the latest ``(positions, snapshot)`` checkpoint holding at most
+    ``want`` tokens; None when none fits."""
+    fit = [c for c in checkpoints if c[0] <= want]
+    return max(fit, key=lambda c: c[0])[1] if fit else None
+
+
+def add_checkpoint(checkpoints: list[tuple[int, Any]], n: int, snap: Any) -> None:
+    """Keep a snapshot taken at ``n`` tokens, the oldest dropped beyond MAX_CHECKPOINTS."""
+    checkpoints.append((n, snap))
+    del checkpoints[:-MAX_CHECKPOINTS]
+
+
 class QueueFullError(LlamacpyError):
     """Every slot is busy and the wait queue is full: retry later."""
 
@@ -574,10 +587,9 @@ class Scheduler:
     def _restore(self, slot: Slot, want: int) -> int:
         """Back to the slot's latest checkpoint within the first ``want`` tokens; returns
         the tokens it keeps (0: none fits)."""
-        fit = [c for c in slot.checkpoints if c[0] <= want]
-        if not fit:
+        snap = latest_checkpoint(slot.checkpoints, want)
+        if snap is None:
             return 0
-        _, snap = max(fit, key=lambda c: c[0])
         held = self.ctx.seq_restore(slot.id, snap)
         del slot.tokens[held:]
         return held
@@ -587,8 +599,7 @@ class Scheduler:
         for s in slots:
             if s.request is None or len(s.tokens) != s.checkpoint_at:
                 continue
-            s.checkpoints.append((len(s.tokens), self.ctx.seq_snapshot(s.id)))
-            del s.checkpoints[:-MAX_CHECKPOINTS]
+            add_checkpoint(s.checkpoints, len(s.tokens), self.ctx.seq_snapshot(s.id))
             s.checkpoint_at = -1
 
     def _plan(self) -> list[tuple[Batch, list[tuple[Slot, str, int]], bool]]:
